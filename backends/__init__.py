@@ -1,0 +1,1 @@
+"""Pool manifests, their renderers, and the vLLM emulator."""

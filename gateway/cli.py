@@ -23,7 +23,9 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 
 def _commands() -> list[Register]:
     # Sub-command modules register themselves here, one line each.
-    return []
+    from gateway import cli_backends
+
+    return [cli_backends.register]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,9 +23,12 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 
 def _commands() -> list[Register]:
     # Sub-command modules register themselves here, one line each.
-    from gateway import cli_backends
+    from gateway import cli_backends, cli_serve
 
-    return [cli_backends.register]
+    return [
+        cli_serve.register,
+        cli_backends.register,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

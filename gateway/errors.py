@@ -1,16 +1,16 @@
 """The gateway's own error tree, translated to OpenAI's error JSON at the boundary.
 
-    GatewayError                      500 server_error
-    ├── InvalidRequest                400 invalid_request_error
-    │   ├── MalformedJSON             400
-    │   ├── UnknownModel              404 model_not_found
-    │   └── BodyTooLarge              413
-    ├── NoHealthyBackend              503 service_unavailable
-    └── UpstreamError                 502 upstream_error
-        ├── UpstreamConnectError      502
-        └── UpstreamTimeout           504
+GatewayError                      500 server_error
+├── InvalidRequest                400 invalid_request_error
+│   ├── MalformedJSON             400
+│   ├── UnknownModel              404 model_not_found
+│   └── BodyTooLarge              413
+├── NoHealthyBackend              503 service_unavailable
+└── UpstreamError                 502 upstream_error
+    ├── UpstreamConnectError      502
+    └── UpstreamTimeout           504
 
-    RulesError                        a rules file that does not validate (not an HTTP error)
+RulesError                        a rules file that does not validate (not an HTTP error)
 """
 
 from __future__ import annotations

@@ -137,9 +137,7 @@ def _prompt_text(prompt: Any) -> tuple[str | None, int]:
             return None, len(prompt)
         if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
             return None, sum(len(p) for p in prompt)
-    raise InvalidRequest(
-        "'prompt' must be a string, an array of strings, or an array of token ids", param="prompt"
-    )
+    raise InvalidRequest("'prompt' must be a string, an array of strings, or an array of token ids", param="prompt")
 
 
 def estimate_tokens(text: str) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -188,6 +189,10 @@ def run_launch(args: argparse.Namespace) -> int:
         return _fail(f"cannot exec {argv[0]}: {exc}")
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def launch_cpu_pair(engine: CpuEngine) -> int:
     """Start both CPU pools on loopback, wait for /health, then hold until Ctrl-C and stop them."""
     try:
@@ -195,6 +200,8 @@ def launch_cpu_pair(engine: CpuEngine) -> int:
     except ManifestError as exc:
         return _fail(str(exc))
     log_dir = Path(tempfile.mkdtemp(prefix="specgate-cpu-pools-"))
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+    signal.signal(signal.SIGTERM, _interrupt)
     pair = cpu_pair(engine, manifests, (manifests[0].port, manifests[1].port), log_dir)
     try:
         pair.start()

@@ -71,7 +71,7 @@ TARGETS = ("direct", "minimal-aiohttp-proxy", "specgate", "specgate[httpx]", "sp
 
 @contextmanager
 def process(args: list[str], cpu: set[int] | None) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         if cpu:
             os.sched_setaffinity(proc.pid, cpu)

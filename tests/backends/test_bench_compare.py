@@ -18,7 +18,7 @@ from gateway.bench.compare import (
     spec_counters,
 )
 from gateway.bench.compare_report import print_table, write_json, write_plot
-from gateway.cli_bench import WorkloadFileError, load_items
+from gateway.cli_bench_compare import WorkloadFileError, load_items
 
 DATA = Path(__file__).parent / "data"
 

@@ -20,7 +20,8 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 2, suffix: str =
 def results_table(results: Sequence[CategoryResult], title: str) -> Table:
     table = Table(title=title)
     for header in ("conc", "category", "n", "accept", "std mean s", "std p95 s", "spec mean s", "spec p95 s",
-                   "TTFT std/spec ms", "TPOT std/spec ms", "speedup lat", "speedup TPOT", "errors"):
+                   "TTFT std/spec ms", "TPOT std/spec ms", "out tok std/spec", "speedup lat", "speedup TPOT",
+                   "errors"):
         table.add_column(header, justify="left" if header == "category" else "right")
     for r in results:
         std, spec = r.standard, r.speculative
@@ -29,6 +30,7 @@ def results_table(results: Sequence[CategoryResult], title: str) -> Table:
             _fmt(std.mean_latency_s), _fmt(std.p95_latency_s), _fmt(spec.mean_latency_s), _fmt(spec.p95_latency_s),
             f"{_fmt(std.mean_ttft_s, 1000, 0)}/{_fmt(spec.mean_ttft_s, 1000, 0)}",
             f"{_fmt(std.mean_tpot_s, 1000, 1)}/{_fmt(spec.mean_tpot_s, 1000, 1)}",
+            f"{_fmt(std.mean_output_tokens, digits=0)}/{_fmt(spec.mean_output_tokens, digits=0)}",
             _fmt(r.speedup_latency, suffix="x"), _fmt(r.speedup_tpot, suffix="x"),
             f"{std.errors}/{spec.errors}",
         )

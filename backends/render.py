@@ -36,6 +36,7 @@ One source, several outputs (tests check that they agree):
                                                 capabilities: [gpu]}]}}
 
     The port is ``manifest.port`` inside the container; publishing it is left to the compose file.
+    ``device: cpu`` manifests raise :class:`RenderError` here and in ``render_helm_values``.
 
 ``render_helm_values(manifest) -> dict``
     Values for one pool in the Helm chart (camelCase)::
@@ -163,6 +164,12 @@ def render_shell(manifest: PoolManifest, vllm_version: str = DEFAULT_VLLM_VERSIO
     return " \\\n    ".join(lines) + "\n"
 
 
+def _require_gpu(manifest: PoolManifest, target: str) -> None:
+    if manifest.device != "gpu":
+        raise RenderError(f"{target} output is for GPU pools on the vllm/vllm-openai image; a 'cpu' manifest runs "
+                          "on the local CPU engine (specgate backends launch --cpu)")
+
+
 def shm_size_gib(manifest: PoolManifest) -> int:
     """Shared memory for one replica: 4 GiB per GPU (NCCL buffers across TP/PP ranks), at least 8 GiB."""
     return max(8, 4 * manifest.gpus_per_replica)
@@ -173,7 +180,8 @@ def render_compose_service(
     vllm_version: str = DEFAULT_VLLM_VERSION,
     model_cache_volume: str = "hf-cache",
 ) -> dict[str, Any]:
-    """A docker-compose service running this pool on the official ``vllm/vllm-openai`` image."""
+    """A docker-compose service running this pool on the official ``vllm/vllm-openai`` (GPU) image."""
+    _require_gpu(manifest, "docker-compose")
     health_probe = f"import urllib.request; urllib.request.urlopen('http://localhost:{manifest.port}/health')"
     service: dict[str, Any] = {
         "image": f"{IMAGE}:v{'.'.join(str(part) for part in parse_version(vllm_version))}",
@@ -191,14 +199,14 @@ def render_compose_service(
         },
         "deploy": {"replicas": manifest.replicas},
     }
-    if manifest.device == "gpu":
-        device = {"driver": "nvidia", "count": manifest.gpus_per_replica, "capabilities": ["gpu"]}
-        service["deploy"]["resources"] = {"reservations": {"devices": [device]}}
+    device = {"driver": "nvidia", "count": manifest.gpus_per_replica, "capabilities": ["gpu"]}
+    service["deploy"]["resources"] = {"reservations": {"devices": [device]}}
     return service
 
 
 def render_helm_values(manifest: PoolManifest) -> dict[str, Any]:
     """Values for one pool of the Helm chart (camelCase keys, see the module docstring)."""
+    _require_gpu(manifest, "Helm")
     values: dict[str, Any] = {
         "model": manifest.model,
         "servedModelName": manifest.served_model_name,

@@ -86,7 +86,10 @@ def test_argv_carries_every_manifest_field(path: Path) -> None:
         assert json.loads(config)["num_speculative_tokens"] == manifest.speculative.num_speculative_tokens
 
 
-@pytest.mark.parametrize("path", SHIPPED, ids=IDS)
+GPU = [(path, name) for path, name in zip(SHIPPED, IDS, strict=True) if not name.startswith("cpu/")]
+
+
+@pytest.mark.parametrize("path", [path for path, _ in GPU], ids=[name for _, name in GPU])
 def test_compose_and_helm_agree_with_argv(path: Path) -> None:
     manifest = load_manifest(path)
     argv = render_argv(manifest, "0.32.0")
@@ -94,11 +97,10 @@ def test_compose_and_helm_agree_with_argv(path: Path) -> None:
     assert service["image"] == "vllm/vllm-openai:v0.32.0"
     assert [*service["entrypoint"], *service["command"]] == argv
     assert service["deploy"]["replicas"] == manifest.replicas
-    if manifest.device == "gpu":
-        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
-        assert device == {"driver": "nvidia", "count": manifest.gpus_per_replica, "capabilities": ["gpu"]}
-        assert device["count"] == int(str(flag_value(argv, "--tensor-parallel-size"))) * int(
-            str(flag_value(argv, "--pipeline-parallel-size")))
+    (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+    assert device == {"driver": "nvidia", "count": manifest.gpus_per_replica, "capabilities": ["gpu"]}
+    assert device["count"] == int(str(flag_value(argv, "--tensor-parallel-size"))) * int(
+        str(flag_value(argv, "--pipeline-parallel-size")))
     assert f"localhost:{manifest.port}/health" in " ".join(service["healthcheck"]["test"])
     assert service["environment"]["HF_TOKEN"] == "${HF_TOKEN:-}"
     assert service["volumes"] == ["hf-cache:/root/.cache/huggingface"]
@@ -120,6 +122,14 @@ def test_compose_and_helm_agree_with_argv(path: Path) -> None:
         assert helm["draftTensorParallelSize"] == config.get("draft_tensor_parallel_size")
         assert (helm["promptLookupMin"], helm["promptLookupMax"]) == (
             config.get("prompt_lookup_min"), config.get("prompt_lookup_max"))
+
+
+@pytest.mark.parametrize("pool", ["standard", "speculative"])
+def test_cpu_manifests_do_not_render_to_gpu_deployments(pool: str) -> None:
+    manifest = load_manifest(pool_path(pool, cpu=True))
+    for render in (render_compose_service, render_helm_values):
+        with pytest.raises(RenderError, match="launch --cpu"):
+            render(manifest)
 
 
 def test_helm_values_have_exactly_the_agreed_keys() -> None:

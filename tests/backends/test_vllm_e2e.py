@@ -7,6 +7,7 @@ speculative server's real acceptance counters rising in its /metrics.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -59,11 +60,12 @@ def stack(cpu_pools: CpuPair) -> Iterator[Stack]:
     settings = Settings(standard_urls=[cpu_pools.standard.url], speculative_urls=[cpu_pools.speculative.url],
                         reload_rules=False)
     with ThreadServer(create_app(settings)) as gateway:
-        ready = httpx.get(f"{gateway.url}/ready", timeout=10)
-        for _ in range(40):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready = httpx.get(f"{gateway.url}/ready", timeout=10)
             if ready.status_code == 200 and all(p["healthy"] for p in ready.json()["pools"].values()):
                 break
-            ready = httpx.get(f"{gateway.url}/ready", timeout=10)
+            time.sleep(0.25)
         yield Stack(cpu_pools, gateway.url)
 
 

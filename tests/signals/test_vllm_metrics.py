@@ -184,3 +184,13 @@ def test_pool_acceptance_is_token_weighted() -> None:
     quiet = spec_delta(SpecCounters(0, 0, 0), SpecCounters(1, 4, 0), at=1.0)  # 0.0 on 4 tokens
     acc = acceptance_from([busy, quiet])
     assert acc is not None and acc.rate == pytest.approx(360 / 404)
+
+
+def test_gap_longer_than_the_window_restarts_from_the_new_sample() -> None:
+    window = AcceptanceWindow(window_s=5.0)
+    window.observe(SpecCounters(0, 0, 0), now=0.0)
+    window.observe(SpecCounters(100, 400, 400), now=60.0)  # a minute unreachable: no delta from that
+    assert window.acceptance(now=60.0) is None
+    window.observe(SpecCounters(110, 440, 420), now=61.0)
+    acc = window.acceptance(now=61.0)
+    assert acc is not None and acc.rate == pytest.approx(0.5)

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from gateway.signals.store import MemorySharedState, RedisSharedState, SharedState
-from tests.signals.servers import RedisServer, redis_server, running
+from tests.signals.servers import (
+    PrometheusServer,
+    RedisServer,
+    prometheus_server,
+    redis_server,
+    running,
+)
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +45,34 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[SharedState]:
         yield redis_store
     finally:
         await redis_store.close()
+
+
+def self_scraping_config(port_placeholder: str = "{port}") -> str:
+    return f"""
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: prometheus
+    static_configs:
+      - targets: ["127.0.0.1:{port_placeholder}"]
+"""
+
+
+@pytest.fixture(scope="session")
+def shared_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    """One Prometheus for the session that scrapes itself every second."""
+    server = prometheus_server(tmp_path_factory.mktemp("prometheus"), config="")
+    config = self_scraping_config().replace("{port}", str(server.port))
+    (server.log.parent / "prometheus.yml").write_text(config)
+    with running(server):
+        yield server
+
+
+@pytest.fixture
+def private_prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
+    """A Prometheus of this test's own (self-scraping), which the test may stop, restart or pause."""
+    server = prometheus_server(tmp_path, config="")
+    (tmp_path / "prometheus.yml").write_text(self_scraping_config().replace("{port}", str(server.port)))
+    with running(server):
+        yield server

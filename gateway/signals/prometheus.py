@@ -1,0 +1,168 @@
+"""Background PromQL queries: the gateway-wide QPS and named signals that rules can reference.
+
+``prometheus-api-client`` is synchronous (requests), so each poll runs in a worker thread via
+``asyncio.to_thread`` under a deadline. A poll that overruns its deadline is abandoned; while its thread is
+still blocked (requests honours its own timeout too, so not for long) the next ticks are skipped rather than
+piling up threads. The request path never waits on any of this.
+
+Each query keeps its last good value and when it was obtained. A value older than ``stale_after_s`` is not
+used: the hub then falls back (QPS to Redis's shared window or the local one; a stale signal reads as
+unknown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from prometheus_api_client.prometheus_connect import PrometheusConnect
+from urllib3.util.retry import Retry
+
+# 30 s is six scrapes at the deploy config's 5 s interval: rate() stays defined if one scrape is lost,
+# and the QPS follows a change of load within about 15 s without flapping on single bursts.
+DEFAULT_QPS_QUERY = "sum(rate(specgate_requests_total[30s]))"
+
+
+class NoData(ValueError):
+    """The query answered but returned no series (e.g. the counter has not been scraped twice yet)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueryValue:
+    value: float
+    at: float  # clock time of the successful poll
+
+
+@dataclass(frozen=True, slots=True)
+class PollOutcome:
+    ok: bool  # Prometheus answered in time (even if some queries returned no data)
+    error: str | None
+    at: float
+
+
+def scalar_of(result: Any) -> float:
+    """An instant-query result as one number: a scalar, or the sum of a vector's samples."""
+    if isinstance(result, list) and len(result) == 2 and not isinstance(result[0], dict):
+        return float(result[1])  # resultType scalar: [ts, "value"]
+    if not isinstance(result, list) or not result:
+        raise NoData("the query returned no series")
+    return sum(float(sample["value"][1]) for sample in result)
+
+
+class PrometheusPoller:
+    """Runs the QPS query and the named signal queries every ``interval_s``."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        qps_query: str | None = DEFAULT_QPS_QUERY,
+        signal_queries: Mapping[str, str] | None = None,
+        interval_s: float = 1.0,
+        timeout_s: float = 1.0,
+        stale_after_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = url
+        self.qps_query = qps_query
+        self.signal_queries = dict(signal_queries or {})
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.stale_after_s = stale_after_s
+        self._clock = clock
+        self._session = requests.Session()
+        self._client = PrometheusConnect(
+            url=url,
+            retry=Retry(total=0, connect=0, read=0),  # fail fast; the next tick is the retry
+            session=self._session,
+            timeout=timeout_s,  # type: ignore[arg-type]  # annotated int; requests takes float seconds
+        )
+        self._inflight: asyncio.Future[dict[str, float | Exception]] | None = None
+        self._values: dict[str, QueryValue] = {}
+        self.query_errors: dict[str, str] = {}
+        self.last_outcome: PollOutcome | None = None
+        self.last_ok_at: float | None = None
+
+    def _queries(self) -> dict[str, str]:
+        queries = {f"signal:{name}": q for name, q in self.signal_queries.items()}
+        if self.qps_query:
+            queries["qps"] = self.qps_query
+        return queries
+
+    def _run_queries(self, queries: Mapping[str, str]) -> dict[str, float | Exception]:
+        """In a worker thread. Connection failures abort the poll; a bad or empty query only that entry."""
+        results: dict[str, float | Exception] = {}
+        for key, query in queries.items():
+            try:
+                results[key] = scalar_of(self._client.custom_query(query))
+            except (PrometheusApiClientException, NoData, ValueError, KeyError) as exc:
+                results[key] = exc
+        return results
+
+    async def run(self) -> None:
+        while True:
+            started = self._clock()
+            await self.poll_once()
+            await asyncio.sleep(max(0.0, self.interval_s - (self._clock() - started)))
+
+    async def poll_once(self) -> PollOutcome:
+        previous = self._inflight
+        if previous is not None:
+            if not previous.done():
+                return self._record_failure("previous query still running (Prometheus slow)")
+            if not previous.cancelled():
+                previous.exception()  # an abandoned poll's late outcome: already reported as a timeout
+        self._inflight = asyncio.ensure_future(asyncio.to_thread(self._run_queries, self._queries()))
+        try:
+            results = await asyncio.wait_for(asyncio.shield(self._inflight), self.timeout_s)
+        except TimeoutError:
+            return self._record_failure(f"no answer within {self.timeout_s} s")
+        except requests.RequestException as exc:
+            return self._record_failure(f"{type(exc).__name__}: {exc}")
+        now = self._clock()
+        for key, result in results.items():
+            if isinstance(result, Exception):
+                self.query_errors[key] = f"{type(result).__name__}: {result}"
+            else:
+                self.query_errors.pop(key, None)
+                self._values[key] = QueryValue(result, now)
+        self.last_ok_at = now
+        self.last_outcome = PollOutcome(ok=True, error=None, at=now)
+        return self.last_outcome
+
+    def _record_failure(self, error: str) -> PollOutcome:
+        self.last_outcome = PollOutcome(ok=False, error=error, at=self._clock())
+        return self.last_outcome
+
+    @property
+    def up(self) -> bool:
+        return self.last_outcome is not None and self.last_outcome.ok
+
+    def age_s(self) -> float | None:
+        return None if self.last_ok_at is None else self._clock() - self.last_ok_at
+
+    def _fresh(self, key: str) -> QueryValue | None:
+        """A value is used only if its query's latest run succeeded and the poll was recent."""
+        value = self._values.get(key)
+        if key in self.query_errors or value is None or self._clock() - value.at > self.stale_after_s:
+            return None
+        return value
+
+    def qps(self) -> QueryValue | None:
+        """The last QPS value if it is fresh and the query's latest run returned data."""
+        return self._fresh("qps")
+
+    def signals(self) -> dict[str, QueryValue]:
+        fresh = {name: self._fresh(f"signal:{name}") for name in self.signal_queries}
+        return {name: value for name, value in fresh.items() if value is not None}
+
+    async def close(self) -> None:
+        if self._inflight is not None:
+            self._inflight.cancel()  # the thread finishes on its own (bounded by the requests timeout)
+            await asyncio.gather(self._inflight, return_exceptions=True)
+        self._session.close()

@@ -8,6 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gateway.signals import DEFAULT_QPS_QUERY
+
 UrlList = Annotated[list[str], NoDecode]
 
 
@@ -33,6 +35,22 @@ class Settings(BaseSettings):
     qps_window_s: float = Field(default=10.0, gt=0)
     reload_rules: bool = True
     log_level: str = "info"
+
+    # Live signals (gateway/signals): vLLM /metrics scrapes, Prometheus queries, state shared through Redis.
+    engine_metrics_interval_s: float = Field(default=1.0, gt=0)
+    engine_metrics_timeout_s: float = Field(default=0.5, gt=0)
+    engine_stale_after_s: float = Field(default=3.0, gt=0)  # a replica's stats older than this are unused
+    acceptance_window_s: float = Field(default=30.0, gt=0)
+    prometheus_url: str | None = None  # unset: QPS from Redis's shared window, or the local one
+    prometheus_qps_query: str = DEFAULT_QPS_QUERY
+    prometheus_signals: dict[str, str] = Field(default_factory=dict)  # name -> PromQL; JSON in the env var
+    prometheus_interval_s: float = Field(default=1.0, gt=0)
+    prometheus_timeout_s: float = Field(default=1.0, gt=0)
+    prometheus_stale_after_s: float = Field(default=5.0, gt=0)
+    redis_url: str | None = None  # unset: in-memory state, nothing shared between replicas
+    redis_timeout_s: float = Field(default=0.25, gt=0)
+    redis_sync_interval_s: float = Field(default=0.25, gt=0)
+    redis_stale_after_s: float = Field(default=2.0, gt=0)
 
     @field_validator("standard_urls", "speculative_urls", mode="before")
     @classmethod

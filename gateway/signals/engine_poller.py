@@ -88,7 +88,7 @@ class _ReplicaState:
 
 
 class EnginePoller:
-    """Owns the scrape state; :meth:`run` is the background loop (the hub keeps and cancels its task)."""
+    """Owns the scrape state. The hub calls :meth:`scrape_once` every ``interval_s`` in its own task."""
 
     def __init__(
         self,
@@ -109,12 +109,6 @@ class EnginePoller:
         self._stale_after_s = stale_after_s
         self._clock = clock
         self._replicas: dict[ScrapeTarget, _ReplicaState] = {}
-
-    async def run(self) -> None:
-        while True:
-            started = self._clock()
-            await self.scrape_once()
-            await asyncio.sleep(max(0.0, self.interval_s - (self._clock() - started)))
 
     async def scrape_once(self) -> None:
         targets = list(dict.fromkeys(self._targets()))

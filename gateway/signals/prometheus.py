@@ -5,9 +5,10 @@
 still blocked (requests honours its own timeout too, so not for long) the next ticks are skipped rather than
 piling up threads. The request path never waits on any of this.
 
-Each query keeps its last good value and when it was obtained. A value older than ``stale_after_s`` is not
-used: the hub then falls back (QPS to Redis's shared window or the local one; a stale signal reads as
-unknown).
+Each query keeps its last good value and when it was obtained. The values are used only while the latest
+poll succeeded and for at most ``stale_after_s``: after a failed or slow poll the hub falls back at once
+(QPS to Redis's shared window or the local one; a signal reads as unknown) and switches back on the next
+good poll.
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
-# 30 s is six scrapes at the deploy config's 5 s interval: rate() stays defined if one scrape is lost,
-# and the QPS follows a change of load within about 15 s without flapping on single bursts.
-DEFAULT_QPS_QUERY = "sum(rate(specgate_requests_total[30s]))"
+from gateway.signals import DEFAULT_QPS_QUERY
 
 
 class NoData(ValueError):
@@ -55,7 +54,7 @@ def scalar_of(result: Any) -> float:
 
 
 class PrometheusPoller:
-    """Runs the QPS query and the named signal queries every ``interval_s``."""
+    """The QPS query and the named signal queries; the hub calls :meth:`poll_once` every ``interval_s``."""
 
     def __init__(
         self,
@@ -104,12 +103,6 @@ class PrometheusPoller:
                 results[key] = exc
         return results
 
-    async def run(self) -> None:
-        while True:
-            started = self._clock()
-            await self.poll_once()
-            await asyncio.sleep(max(0.0, self.interval_s - (self._clock() - started)))
-
     async def poll_once(self) -> PollOutcome:
         previous = self._inflight
         if previous is not None:
@@ -147,9 +140,11 @@ class PrometheusPoller:
         return None if self.last_ok_at is None else self._clock() - self.last_ok_at
 
     def _fresh(self, key: str) -> QueryValue | None:
-        """A value is used only if its query's latest run succeeded and the poll was recent."""
+        """A value is used only while Prometheus answers, its query's latest run succeeded, and it is recent
+        (polls skipped because an earlier one is still running count as failures, so this is belt and braces).
+        """
         value = self._values.get(key)
-        if key in self.query_errors or value is None or self._clock() - value.at > self.stale_after_s:
+        if not self.up or key in self.query_errors or value is None or self._clock() - value.at > self.stale_after_s:
             return None
         return value
 

@@ -49,15 +49,11 @@ class SharedState(Protocol):
 
     async def request_rate(self, now: float, window_s: float) -> float: ...
 
-    async def put_estimates(
-        self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float
-    ) -> None: ...
+    async def put_estimates(self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float) -> None: ...
 
     async def get_estimates(self, now: float, ttl_s: float) -> dict[str, Estimate]: ...
 
-    async def take_tokens(
-        self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0
-    ) -> bool: ...
+    async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool: ...
 
     async def close(self) -> None: ...
 
@@ -117,18 +113,14 @@ class MemorySharedState:
     async def request_rate(self, now: float, window_s: float) -> float:
         return rate_from_buckets(self._counts, now, window_s)
 
-    async def put_estimates(
-        self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float
-    ) -> None:
+    async def put_estimates(self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float) -> None:
         self._estimates[owner] = (now, dict(estimates))
 
     async def get_estimates(self, now: float, ttl_s: float) -> dict[str, Estimate]:
         fresh = [est for at, est in self._estimates.values() if now - at <= ttl_s]
         return merge_estimates(fresh)
 
-    async def take_tokens(
-        self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0
-    ) -> bool:
+    async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool:
         state = self._buckets.setdefault(bucket, _Bucket(tokens=burst, updated=now))
         refill(state, rate, burst, now)
         if state.tokens < cost:
@@ -196,9 +188,7 @@ class RedisSharedState:
         counts = {second: int(v) for second, v in zip(seconds, values, strict=True) if v is not None}
         return rate_from_buckets(counts, now, window_s)
 
-    async def put_estimates(
-        self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float
-    ) -> None:
+    async def put_estimates(self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float) -> None:
         key = f"{self._prefix}est:{owner}"
         pipe = self._client.pipeline(transaction=True)
         pipe.delete(key)
@@ -218,9 +208,7 @@ class RedisSharedState:
         raw: list[dict[str, str]] = await self._guard("get_estimates", pipe.execute())
         return merge_estimates([_decode_estimates(fields) for fields in raw])
 
-    async def take_tokens(
-        self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0
-    ) -> bool:
+    async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool:
         key = f"{self._prefix}bucket:{bucket}"
         call = self._client.eval(_TAKE_TOKENS_LUA, 1, key, rate, burst, now, cost)
         allowed = await self._guard("take_tokens", call)

@@ -63,8 +63,7 @@ scrape_configs:
 def shared_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
     """One Prometheus for the session that scrapes itself every second."""
     server = prometheus_server(tmp_path_factory.mktemp("prometheus"), config="")
-    config = self_scraping_config().replace("{port}", str(server.port))
-    (server.log.parent / "prometheus.yml").write_text(config)
+    server.configure(self_scraping_config().replace("{port}", str(server.port)))
     with running(server):
         yield server
 
@@ -73,6 +72,6 @@ def shared_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prom
 def private_prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
     """A Prometheus of this test's own (self-scraping), which the test may stop, restart or pause."""
     server = prometheus_server(tmp_path, config="")
-    (tmp_path / "prometheus.yml").write_text(self_scraping_config().replace("{port}", str(server.port)))
+    server.configure(self_scraping_config().replace("{port}", str(server.port)))
     with running(server):
         yield server

@@ -70,9 +70,7 @@ class ManagedProcess:
 
     def ready(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(
-                f"{self.argv[0]} exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}"
-            )
+            raise RuntimeError(f"{self.argv[0]} exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
         return _port_open(self.port)
 
     def stop(self) -> None:
@@ -114,6 +112,10 @@ class PrometheusServer(ManagedProcess):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def configure(self, config: str) -> None:
+        """Replace prometheus.yml (before start: the port is known before the config has to be)."""
+        (self.log.parent / "prometheus.yml").write_text(config)
 
     def ready(self) -> bool:
         if not super().ready():

@@ -90,9 +90,7 @@ async def test_pool_sums_queues_averages_kv_and_weights_acceptance(
     assert (std.running, std.waiting, std.kv_cache_usage, std.acceptance_rate) == (5, 7, 0.9, None)
 
 
-async def test_failed_scrape_is_stale_not_zero(
-    poller: EnginePoller, engines: FakeEngines, clock: Clock
-) -> None:
+async def test_failed_scrape_is_stale_not_zero(poller: EnginePoller, engines: FakeEngines, clock: Clock) -> None:
     engines.texts = {"spec-a": metrics_text(4, 2, 0.5, None), "spec-b": metrics_text(1, 9, 0.1, None)}
     await poller.scrape_once()
     engines.texts["spec-b"] = None

@@ -17,9 +17,7 @@ pytestmark = pytest.mark.prometheus
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     binary = require_binary("promtool")
-    return subprocess.run(
-        [binary, *args], cwd=PROM_DIR, capture_output=True, text=True, timeout=60, check=False
-    )
+    return subprocess.run([binary, *args], cwd=PROM_DIR, capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_check_config() -> None:

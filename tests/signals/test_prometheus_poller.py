@@ -50,9 +50,7 @@ async def test_reads_qps_and_named_signals(shared_prometheus: PrometheusServer) 
 
 
 async def test_bad_promql_is_a_query_error_not_an_outage(shared_prometheus: PrometheusServer) -> None:
-    poller = PrometheusPoller(
-        shared_prometheus.url, qps_query="sum(rate(", signal_queries={"ok": "vector(1)"}
-    )
+    poller = PrometheusPoller(shared_prometheus.url, qps_query="sum(rate(", signal_queries={"ok": "vector(1)"})
     outcome = await poller.poll_once()
     assert outcome.ok
     assert poller.qps() is None
@@ -80,6 +78,7 @@ async def test_value_goes_stale_and_recovers(private_prometheus: PrometheusServe
         outcome = await poller.poll_once()
         assert time.monotonic() - started < 0.6, "a slow Prometheus costs at most the timeout"
         assert not outcome.ok and "no answer" in (outcome.error or "")
+        assert poller.qps() is None, "a failed poll means fall back now, not after stale_after_s"
         assert not (await poller.poll_once()).ok
         await asyncio.sleep(0.5)
         assert poller.qps() is None, "older than stale_after_s: not used"

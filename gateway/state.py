@@ -53,6 +53,7 @@ class GatewayState:
             settings, targets=self._scrape_targets, local_qps=lambda: self.qps.rate(time.monotonic()), registry=registry
         )
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
+        self.health_rounds = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- rules ---------------------------------------------------------------------------------------
@@ -83,6 +84,10 @@ class GatewayState:
     def _scrape_targets(self) -> list[ScrapeTarget]:
         return [ScrapeTarget(r.pool, r.url) for r in self.pools.replicas()]
 
+    def _health_round(self) -> None:
+        self.health_rounds += 1
+        self.refresh_snapshot()
+
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.snapshot_interval_s)
@@ -96,7 +101,7 @@ class GatewayState:
         await self.upstream.start()
         await self.signals.start()
         checker = HealthChecker(
-            self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self.refresh_snapshot
+            self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self._health_round
         )
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")

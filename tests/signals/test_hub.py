@@ -69,3 +69,18 @@ async def test_a_poller_bug_is_logged_and_retried(caplog: pytest.LogCaptureFixtu
     await hub.stop()
     assert calls > 1
     assert "signal poller flaky failed" in caplog.text
+
+
+def test_signal_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECGATE_REDIS_URL", "redis://127.0.0.1:6390/0")
+    monkeypatch.setenv("SPECGATE_PROMETHEUS_URL", "http://127.0.0.1:9090")
+    monkeypatch.setenv("SPECGATE_PROMETHEUS_SIGNALS", '{"cluster_waiting": "sum(vllm:num_requests_waiting)"}')
+    settings = Settings()
+    assert settings.redis_url == "redis://127.0.0.1:6390/0"
+    assert settings.prometheus_signals == {"cluster_waiting": "sum(vllm:num_requests_waiting)"}
+    assert settings.prometheus_qps_query == "sum(rate(specgate_requests_total[30s]))"
+
+
+def test_a_misspelt_signal_setting_is_rejected_by_name() -> None:
+    with pytest.raises(ValueError, match="prometheus_timeout_s"):
+        Settings(prometheus_timeout_s=0)

@@ -236,3 +236,17 @@ def test_explain_decides_without_forwarding(gateway: StartGateway, upstreams: Up
     assert data["snapshot"]["pools"]["speculative"]["healthy_replicas"] == 1
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
     assert upstreams.standard.requests == upstreams.speculative.requests == 0
+
+
+@pytest.mark.parametrize("client", ["httpx", "httpx-aiohttp"])
+def test_other_upstream_clients_relay_the_same(gateway: StartGateway, upstreams: Upstreams, client: str) -> None:
+    gw = gateway(upstream_client=client)
+    with httpx.Client(base_url=gw.url, timeout=10) as http:
+        r = http.post("/v1/chat/completions", json=chat("Translate: hi", max_tokens=60))
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 60
+        with http.stream(
+            "POST", "/v1/chat/completions", json=chat("hi", stream=True), headers={"x-fake-chunks": "4"}
+        ) as s:
+            lines = [line for line in s.iter_lines() if line]
+        assert len(lines) == 5 and lines[-1] == "data: [DONE]"
+        assert http.post("/v1/chat/completions", json=chat("x"), headers={"x-fake-status": "422"}).status_code == 422

@@ -135,7 +135,9 @@ def explain_status(client: httpx.Client, url: str) -> str:
 
 
 def bench_settings(workdir: Path, pools: Upstreams, **overrides: object) -> Settings:
-    return gateway_settings(workdir, pools, prometheus_qps_query="sum(rate(specgate_requests_total[5s]))", **overrides)
+    return gateway_settings(
+        workdir, pools, prometheus_qps_query="sum(rate(specgate_routed_requests_total[5s]))", **overrides
+    )
 
 
 def print_table(

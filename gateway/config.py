@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     prometheus_interval_s: float = Field(default=1.0, gt=0)
     prometheus_timeout_s: float = Field(default=1.0, gt=0)
     prometheus_stale_after_s: float = Field(default=5.0, gt=0)
+    prometheus_warmup_s: float = Field(default=30.0, ge=0)  # = the QPS query's range: see docs/signals.md
     redis_url: str | None = None  # unset: in-memory state, nothing shared between replicas
     redis_timeout_s: float = Field(default=0.25, gt=0)
     redis_sync_interval_s: float = Field(default=0.25, gt=0)

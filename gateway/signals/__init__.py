@@ -5,7 +5,9 @@ Everything here runs off the request path, in background tasks owned by
 counter.
 """
 
-# The decider's QPS when Prometheus is configured. 30 s is six scrapes at the deploy config's 5 s interval:
-# rate() stays defined if one scrape is lost, and the value follows a change of load within about 15 s
-# without flapping on single bursts.
-DEFAULT_QPS_QUERY = "sum(rate(specgate_requests_total[30s]))"
+# The decider's QPS when Prometheus is configured. The counter has one series per gateway, present from
+# start-up, so rate() never under-reads a series that appeared mid-range (as it would for a label set of
+# specgate_requests_total{pool,reason,task,status} first seen when decisions switch pools). 30 s is six
+# scrapes at the deploy config's 5 s interval: rate() survives a lost scrape and follows a change of load
+# within about 15 s without flapping on single bursts.
+DEFAULT_QPS_QUERY = "sum(rate(specgate_routed_requests_total[30s]))"

@@ -24,6 +24,8 @@ from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from gateway.config import Settings
 from gateway.signals.engine_poller import EnginePoller, ScrapeTarget
@@ -35,6 +37,24 @@ from gateway.snapshot import PoolSnapshot, Snapshot
 log = logging.getLogger("specgate.signals")
 
 QPS_SOURCES = ("prometheus", "redis", "local")
+
+
+class RoutedRequests(Collector):
+    """``specgate_routed_requests_total``: one unlabeled series per gateway, what the default QPS query reads.
+
+    A plain int bumped on the request path (tens of ns, no lock: only the event loop's thread writes it)
+    and exported as a counter when scraped.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def collect(self) -> list[Metric]:
+        family = CounterMetricFamily(
+            "specgate_routed_requests", "Requests routed by this gateway (the QPS signal's source)."
+        )
+        family.add_metric([], self.total)
+        return [family]
 
 
 class SignalMetrics:
@@ -85,6 +105,8 @@ class SignalHub:
         self._clock = clock
         self._wall_clock = wall_clock
         self.metrics = SignalMetrics(registry)
+        self.routed = RoutedRequests()
+        registry.register(self.routed)
         self.store: SharedState = (
             RedisSharedState(settings.redis_url, timeout_s=settings.redis_timeout_s)
             if settings.redis_url
@@ -106,12 +128,15 @@ class SignalHub:
             interval_s=settings.prometheus_interval_s,
             timeout_s=settings.prometheus_timeout_s,
             stale_after_s=settings.prometheus_stale_after_s,
+            warmup_s=settings.prometheus_warmup_s,
             clock=self._clock,
         )
 
     # -- request path ---------------------------------------------------------------------------------
     def record_request(self, now: float) -> None:
-        """Count one request for the shared QPS (wall-clock ``now``). No I/O; a no-op without Redis."""
+        """Count one routed request (wall-clock ``now``): the exported counter and, with Redis, the shared
+        window's pending bucket. No I/O."""
+        self.routed.total += 1
         if self.shared_qps is not None:
             self.shared_qps.record(now)
 
@@ -199,9 +224,9 @@ class SignalHub:
             value = self.prometheus.qps()
             if value is not None:
                 return value.value, "prometheus", now - value.at
-        shared = self.shared_qps
-        if shared is not None and shared.up and shared.last is not None:
-            age = self._wall_clock() - shared.last.at
+        shared, wall_now = self.shared_qps, self._wall_clock()
+        if shared is not None and shared.last is not None and shared.trusted(wall_now):
+            age = wall_now - shared.last.at
             if age <= self.settings.redis_stale_after_s:
                 return shared.last.qps, "redis", age
         return self._local_qps(), "local", 0.0
@@ -238,6 +263,7 @@ class SignalHub:
             outcome = self.prometheus.last_outcome
             details["prometheus"] = {
                 "up": self.prometheus.up,
+                "qps_warming_up": self.prometheus.warming_up("qps"),
                 "error": None if outcome is None else outcome.error,
                 "age_s": self.prometheus.age_s(),
                 "query_errors": dict(self.prometheus.query_errors),
@@ -246,6 +272,7 @@ class SignalHub:
             last = self.shared_qps.last
             details["redis"] = {
                 "up": self.shared_qps.up,
+                "refilling_window": self.shared_qps.up and not self.shared_qps.trusted(self._wall_clock()),
                 "error": self.shared_qps.error,
                 "age_s": None if last is None else self._wall_clock() - last.at,
                 "pending_requests": self.shared_qps.pending_requests(),

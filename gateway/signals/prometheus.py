@@ -65,6 +65,7 @@ class PrometheusPoller:
         interval_s: float = 1.0,
         timeout_s: float = 1.0,
         stale_after_s: float = 5.0,
+        warmup_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
@@ -73,6 +74,7 @@ class PrometheusPoller:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.stale_after_s = stale_after_s
+        self.warmup_s = warmup_s
         self._clock = clock
         self._session = requests.Session()
         self._client = PrometheusConnect(
@@ -86,6 +88,7 @@ class PrometheusPoller:
         self.query_errors: dict[str, str] = {}
         self.last_outcome: PollOutcome | None = None
         self.last_ok_at: float | None = None
+        self.data_since: dict[str, float] = {}  # per query: first poll of its current unbroken run of data
 
     def _queries(self) -> dict[str, str]:
         queries = {f"signal:{name}": q for name, q in self.signal_queries.items()}
@@ -121,14 +124,17 @@ class PrometheusPoller:
         for key, result in results.items():
             if isinstance(result, Exception):
                 self.query_errors[key] = f"{type(result).__name__}: {result}"
+                self.data_since.pop(key, None)
             else:
                 self.query_errors.pop(key, None)
+                self.data_since.setdefault(key, now)
                 self._values[key] = QueryValue(result, now)
         self.last_ok_at = now
         self.last_outcome = PollOutcome(ok=True, error=None, at=now)
         return self.last_outcome
 
     def _record_failure(self, error: str) -> PollOutcome:
+        self.data_since.clear()
         self.last_outcome = PollOutcome(ok=False, error=error, at=self._clock())
         return self.last_outcome
 
@@ -136,17 +142,22 @@ class PrometheusPoller:
     def up(self) -> bool:
         return self.last_outcome is not None and self.last_outcome.ok
 
+    def warming_up(self, key: str = "qps") -> bool:
+        """The query has returned data for less than ``warmup_s`` (since start, an outage, or no data):
+        rate() over a range that is still partly empty reads low, so such values are not used yet."""
+        since = self.data_since.get(key)
+        return since is None or self._clock() - since < self.warmup_s
+
     def age_s(self) -> float | None:
         return None if self.last_ok_at is None else self._clock() - self.last_ok_at
 
     def _fresh(self, key: str) -> QueryValue | None:
-        """A value is used only while Prometheus answers, its query's latest run succeeded, and it is recent
-        (polls skipped because an earlier one is still running count as failures, so this is belt and braces).
-        """
+        """A value is used only while Prometheus answers (and has for ``warmup_s``), its query's latest run
+        succeeded, and it is recent (skipped polls count as failures, so the age check is belt and braces)."""
         value = self._values.get(key)
-        if not self.up or key in self.query_errors or value is None or self._clock() - value.at > self.stale_after_s:
+        if not self.up or self.warming_up(key) or key in self.query_errors or value is None:
             return None
-        return value
+        return value if self._clock() - value.at <= self.stale_after_s else None
 
     def qps(self) -> QueryValue | None:
         """The last QPS value if it is fresh and the query's latest run returned data."""

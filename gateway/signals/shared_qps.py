@@ -38,10 +38,17 @@ class SharedQps:
         self._pending: dict[int, int] = {}
         self.last: SharedRate | None = None
         self.error: str | None = None
+        self.failed_before = False
+        self.trusted_from = 0.0  # after an outage: Redis may have lost buckets, so wait one window
 
     @property
     def up(self) -> bool:
         return self.error is None
+
+    def trusted(self, now: float) -> bool:
+        """Up, and (after an outage) synced for a whole window again: a Redis that restarted empty, or
+        missed other replicas' counts meanwhile, reads low until its window has refilled."""
+        return self.up and self.last is not None and now >= self.trusted_from
 
     def record(self, now: float) -> None:
         """Hot path: count one request. No I/O."""
@@ -58,16 +65,22 @@ class SharedQps:
             await self.store.add_requests(batch, self.window_s)
         except SharedStateUnavailable as exc:
             self._requeue(batch, now)
-            self.error = str(exc)
-            return None
+            return self._failed(exc)
         try:
             qps = await self.store.request_rate(now, self.window_s)
         except SharedStateUnavailable as exc:
-            self.error = str(exc)
-            return None
+            return self._failed(exc)
+        if self.failed_before:
+            self.failed_before = False
+            self.trusted_from = now + self.window_s
         self.error = None
         self.last = SharedRate(qps=qps, at=now)
         return self.last
+
+    def _failed(self, exc: SharedStateUnavailable) -> SharedRate | None:
+        self.error = str(exc)
+        self.failed_before = True
+        return None
 
     def _requeue(self, batch: dict[int, int], now: float) -> None:
         horizon = math.floor(now) - math.ceil(self.window_s)

@@ -62,6 +62,7 @@ def gateway_settings(tmp_path: Path, pools: Upstreams, **overrides: Any) -> Sett
         prometheus_interval_s=0.5,
         prometheus_timeout_s=0.5,
         prometheus_stale_after_s=2.0,
+        prometheus_warmup_s=5.0,  # the tests' QPS query range
         redis_timeout_s=0.2,
         redis_sync_interval_s=0.2,
     )

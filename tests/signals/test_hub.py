@@ -36,7 +36,9 @@ def test_without_prometheus_or_redis_the_qps_is_local() -> None:
     status = hub.status()
     assert status["prometheus"] is None and status["redis"] is None
     assert status["qps"] == {"value": 7.5, "source": "local", "age_s": 0.0}
-    hub.record_request(1.0)  # a no-op without Redis; must not fail
+    hub.record_request(1.0)
+    hub.record_request(1.1)
+    assert registry.get_sample_value("specgate_routed_requests_total") == 2
 
 
 async def test_start_and_stop_keep_and_await_their_tasks() -> None:
@@ -78,7 +80,7 @@ def test_signal_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPat
     settings = Settings()
     assert settings.redis_url == "redis://127.0.0.1:6390/0"
     assert settings.prometheus_signals == {"cluster_waiting": "sum(vllm:num_requests_waiting)"}
-    assert settings.prometheus_qps_query == "sum(rate(specgate_requests_total[30s]))"
+    assert settings.prometheus_qps_query == "sum(rate(specgate_routed_requests_total[30s]))"
 
 
 def test_a_misspelt_signal_setting_is_rejected_by_name() -> None:

@@ -91,3 +91,19 @@ async def test_value_goes_stale_and_recovers(private_prometheus: PrometheusServe
     value = poller.qps()
     assert value is not None and value.value == 7.0
     await poller.close()
+
+
+async def test_values_wait_for_a_whole_range_of_data(shared_prometheus: PrometheusServer) -> None:
+    clock = [100.0]
+    poller = PrometheusPoller(shared_prometheus.url, qps_query="vector(4)", warmup_s=5.0, clock=lambda: clock[0])
+    assert (await poller.poll_once()).ok
+    assert poller.warming_up() and poller.qps() is None
+    clock[0] += 5.0
+    assert (await poller.poll_once()).ok
+    assert not poller.warming_up()
+    value = poller.qps()
+    assert value is not None and value.value == 4.0
+    poller._record_failure("simulated outage")  # a failure restarts the warm-up
+    assert (await poller.poll_once()).ok
+    assert poller.warming_up() and poller.qps() is None
+    await poller.close()

@@ -102,6 +102,8 @@ async def test_redis_down_keeps_counts_and_recovers(private_redis: RedisServer) 
     private_redis.start()  # same port, empty data: only what is still pending comes back
     rate = await qps.sync(now + 0.1)
     assert rate is not None and qps.up
+    assert not qps.trusted(now + 0.1), "an emptied window is not trusted until it has refilled"
+    assert qps.trusted(now + 10.1)
     assert rate.qps == pytest.approx(5 / (9 + now + 0.1 - int(now + 0.1)))
     await store.close()
 

@@ -19,6 +19,7 @@ from gateway.servers import ThreadServer
 from tests.signals._paths import fixture_text
 from tests.signals.harness import (
     QPS_THRESHOLD,
+    Traffic,
     Upstreams,
     explain,
     fake_pools,
@@ -210,3 +211,36 @@ def test_engine_stats_reach_the_snapshot_and_explain(tmp_path: Path) -> None:
             engines = {e["pool"]: e for e in client.get(f"{gateway.url}/ready").json()["signals"]["engines"]}
             assert engines["speculative"]["fresh"] and not engines["standard"]["fresh"]
             assert "404" in engines["standard"]["error"]
+
+
+@pytest.mark.redis
+@pytest.mark.prometheus
+def test_requests_do_not_wait_on_a_redis_and_prometheus_that_hang(tmp_path: Path) -> None:
+    """Both SIGSTOPped: they accept connections and never answer, so every poll runs into its timeout."""
+    (tmp_path / "redis").mkdir()
+    (tmp_path / "prometheus").mkdir()
+    redis = redis_server(tmp_path / "redis")
+    prom = prometheus_server(tmp_path / "prometheus", config="")
+    with running(redis), fake_pools() as pools:
+        settings = gateway_settings(tmp_path, pools, redis_url=redis.url, prometheus_url=prom.url)
+        gateway = gateway_server(settings)
+        prom.configure(prometheus_config_for(gateway.port))
+        with running(prom), gateway, httpx.Client(timeout=10) as client:
+            redis.pause()
+            prom.pause()
+            try:
+                driver = Traffic(gateway.url, rate=1)
+                for _ in range(60):  # over about 2 s: many polls and syncs run into their timeouts meanwhile
+                    driver.send_one(client)
+                    time.sleep(0.03)
+                ready = client.get(f"{gateway.url}/ready").json()["signals"]
+            finally:
+                redis.resume()
+                prom.resume()
+    latencies = sorted(driver.latencies)
+    median = latencies[len(latencies) // 2]
+    print(f"\nwith Redis and Prometheus hanging: median {median * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms")
+    assert driver.failed == 0
+    assert median < settings.redis_timeout_s / 2, "requests must not wait for the Redis timeout"
+    assert not ready["redis"]["up"] and not ready["prometheus"]["up"]
+    assert ready["qps"]["source"] == "local"

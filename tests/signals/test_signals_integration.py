@@ -74,7 +74,8 @@ class Timeline:
         snap = body["snapshot"]
         row = (time.monotonic() - self.started, snap["qps"], snap["qps_source"], body["decision"]["pool"])
         self.rows.append(row)
-        print(f"  [{self.label}] t={row[0]:5.1f}s qps={row[1]:6.2f} source={row[2]:<10} decision={row[3]}")
+        reason = body["decision"]["reason"]
+        print(f"  [{self.label}] t={row[0]:5.1f}s qps={row[1]:6.2f} source={row[2]:<10} decision={row[3]} ({reason})")
         return body
 
     def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> dict[str, Any]:
@@ -244,3 +245,57 @@ def test_requests_do_not_wait_on_a_redis_and_prometheus_that_hang(tmp_path: Path
     assert median < settings.redis_timeout_s / 2, "requests must not wait for the Redis timeout"
     assert not ready["redis"]["up"] and not ready["prometheus"]["up"]
     assert ready["qps"]["source"] == "local"
+
+
+SIGNAL_RULES = """
+version: 1
+rules:
+  - name: cluster-queue          # a named Prometheus signal
+    when: {signals: {cluster_waiting: {gt: 4}}}
+    pool: standard
+  - name: speculative-queue      # the engine stats scraped by the gateway itself
+    when: {pools: {speculative: {waiting: {gt: 4}}}}
+    pool: standard
+default_pool: speculative
+"""
+
+
+@pytest.mark.prometheus
+def test_rules_see_engine_stats_and_named_prometheus_signals(tmp_path: Path) -> None:
+    text = fixture_text("ngram")
+    metrics = MetricsText(text)
+    app = FakeUpstream(name="speculative").app()
+    app.router.add_get("/metrics", metrics.handler)
+    prom = prometheus_server(tmp_path, config="")
+    with ThreadServer(app) as speculative, ThreadServer(FakeUpstream(name="standard").app()) as standard:
+        pools = Upstreams(standard=standard, speculative=speculative)
+        settings = gateway_settings(
+            tmp_path,
+            pools,
+            engine_metrics_interval_s=0.2,
+            prometheus_url=prom.url,
+            prometheus_signals={"cluster_waiting": "sum(vllm:num_requests_waiting)"},
+        )
+        (tmp_path / "rules.yaml").write_text(SIGNAL_RULES)
+        prom.configure(
+            prometheus_config_for(0).replace("127.0.0.1:0", f"127.0.0.1:{speculative.port}").replace("specgate", "vllm")
+        )
+        with running(prom), gateway_server(settings) as gateway, httpx.Client() as client:
+            print("\nrules on engine stats and on a named Prometheus signal (speculative replica's waiting 0 -> 7):")
+            timeline = Timeline(client, gateway.url, "gw")
+            reason = lambda name: lambda body: body["decision"]["reason"] == name  # noqa: E731
+            timeline.wait_for(
+                lambda b: reason("default")(b) and b["snapshot"]["pools"]["speculative"]["waiting"] == 0.0,
+                10,
+                "the default pool while nothing waits (stats scraped)",
+            )
+            metrics.text = text.replace(
+                'vllm:num_requests_waiting{engine="0",model_name="smollm2"} 0.0',
+                'vllm:num_requests_waiting{engine="0",model_name="smollm2"} 7.0',
+            )
+            body = timeline.wait_for(reason("speculative-queue"), 10, "the engine-stats rule")
+            assert body["snapshot"]["pools"]["speculative"]["waiting"] == 7.0
+            body = timeline.wait_for(reason("cluster-queue"), 30, "the Prometheus-signal rule")
+            assert body["decision"]["pool"] == "standard"
+            assert body["snapshot"]["signals"] == {"cluster_waiting": 7.0}
+            assert 0 <= body["snapshot"]["signal_ages_s"]["cluster_waiting"] < 2

@@ -88,14 +88,13 @@ class _ReplicaState:
 
 
 class EnginePoller:
-    """Owns the scrape state. The hub calls :meth:`scrape_once` every ``interval_s`` in its own task."""
+    """Owns the scrape state. The hub calls :meth:`scrape_once` on its interval, in a task it keeps."""
 
     def __init__(
         self,
         client: httpx.AsyncClient,
         targets: Callable[[], Sequence[ScrapeTarget]],
         *,
-        interval_s: float = 1.0,
         timeout_s: float = 0.5,
         window_s: float = 30.0,
         stale_after_s: float = 3.0,
@@ -103,7 +102,6 @@ class EnginePoller:
     ) -> None:
         self._client = client
         self._targets = targets
-        self.interval_s = interval_s
         self._timeout = httpx.Timeout(timeout_s)
         self._window_s = window_s
         self._stale_after_s = stale_after_s

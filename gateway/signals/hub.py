@@ -125,7 +125,6 @@ class SignalHub:
             settings.prometheus_url,
             qps_query=settings.prometheus_qps_query,
             signal_queries=settings.prometheus_signals,
-            interval_s=settings.prometheus_interval_s,
             timeout_s=settings.prometheus_timeout_s,
             stale_after_s=settings.prometheus_stale_after_s,
             warmup_s=settings.prometheus_warmup_s,
@@ -147,7 +146,6 @@ class SignalHub:
         self.engines = EnginePoller(
             self._client,
             self._targets,
-            interval_s=s.engine_metrics_interval_s,
             timeout_s=s.engine_metrics_timeout_s,
             window_s=s.acceptance_window_s,
             stale_after_s=s.engine_stale_after_s,
@@ -225,11 +223,14 @@ class SignalHub:
             if value is not None:
                 return value.value, "prometheus", now - value.at
         shared, wall_now = self.shared_qps, self._wall_clock()
-        if shared is not None and shared.last is not None and shared.trusted(wall_now):
+        local = self._local_qps()
+        if shared is not None and shared.up and shared.last is not None:
             age = wall_now - shared.last.at
-            if age <= self.settings.redis_stale_after_s:
+            # While Redis refills its window after an outage, both views may read low (Redis: lost buckets;
+            # local: this replica only), so take the larger.
+            if age <= self.settings.redis_stale_after_s and (shared.trusted(wall_now) or shared.last.qps >= local):
                 return shared.last.qps, "redis", age
-        return self._local_qps(), "local", 0.0
+        return local, "local", 0.0
 
     def _export(self, snapshot: Snapshot) -> None:
         m = self.metrics

@@ -54,7 +54,7 @@ def scalar_of(result: Any) -> float:
 
 
 class PrometheusPoller:
-    """The QPS query and the named signal queries; the hub calls :meth:`poll_once` every ``interval_s``."""
+    """The QPS query and the named signal queries; the hub calls :meth:`poll_once` on its interval."""
 
     def __init__(
         self,
@@ -62,7 +62,6 @@ class PrometheusPoller:
         *,
         qps_query: str | None = DEFAULT_QPS_QUERY,
         signal_queries: Mapping[str, str] | None = None,
-        interval_s: float = 1.0,
         timeout_s: float = 1.0,
         stale_after_s: float = 5.0,
         warmup_s: float = 0.0,
@@ -71,7 +70,6 @@ class PrometheusPoller:
         self.url = url
         self.qps_query = qps_query
         self.signal_queries = dict(signal_queries or {})
-        self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.stale_after_s = stale_after_s
         self.warmup_s = warmup_s
@@ -89,6 +87,7 @@ class PrometheusPoller:
         self.last_outcome: PollOutcome | None = None
         self.last_ok_at: float | None = None
         self.data_since: dict[str, float] = {}  # per query: first poll of its current unbroken run of data
+        self._down_since: float | None = None
 
     def _queries(self) -> dict[str, str]:
         queries = {f"signal:{name}": q for name, q in self.signal_queries.items()}
@@ -121,6 +120,7 @@ class PrometheusPoller:
         except requests.RequestException as exc:
             return self._record_failure(f"{type(exc).__name__}: {exc}")
         now = self._clock()
+        self._recovered(now)
         for key, result in results.items():
             if isinstance(result, Exception):
                 self.query_errors[key] = f"{type(result).__name__}: {result}"
@@ -134,17 +134,26 @@ class PrometheusPoller:
         return self.last_outcome
 
     def _record_failure(self, error: str) -> PollOutcome:
-        self.data_since.clear()
-        self.last_outcome = PollOutcome(ok=False, error=error, at=self._clock())
+        now = self._clock()
+        if self._down_since is None:
+            self._down_since = now
+        self.last_outcome = PollOutcome(ok=False, error=error, at=now)
         return self.last_outcome
+
+    def _recovered(self, now: float) -> None:
+        """After an outage longer than ``stale_after_s`` (a restart, say), Prometheus's ranges have a hole:
+        every query warms up again. A shorter blip (one slow poll) keeps its values usable at once."""
+        if self._down_since is not None and now - self._down_since > self.stale_after_s:
+            self.data_since.clear()
+        self._down_since = None
 
     @property
     def up(self) -> bool:
         return self.last_outcome is not None and self.last_outcome.ok
 
     def warming_up(self, key: str = "qps") -> bool:
-        """The query has returned data for less than ``warmup_s`` (since start, an outage, or no data):
-        rate() over a range that is still partly empty reads low, so such values are not used yet."""
+        """The query has returned data for less than ``warmup_s`` (since start, a long outage, or a run of
+        no data): rate() over a range that is still partly empty reads low, so its values wait."""
         since = self.data_since.get(key)
         return since is None or self._clock() - since < self.warmup_s
 

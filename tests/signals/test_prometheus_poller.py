@@ -95,7 +95,9 @@ async def test_value_goes_stale_and_recovers(private_prometheus: PrometheusServe
 
 async def test_values_wait_for_a_whole_range_of_data(shared_prometheus: PrometheusServer) -> None:
     clock = [100.0]
-    poller = PrometheusPoller(shared_prometheus.url, qps_query="vector(4)", warmup_s=5.0, clock=lambda: clock[0])
+    poller = PrometheusPoller(
+        shared_prometheus.url, qps_query="vector(4)", warmup_s=5.0, stale_after_s=2.0, clock=lambda: clock[0]
+    )
     assert (await poller.poll_once()).ok
     assert poller.warming_up() and poller.qps() is None
     clock[0] += 5.0
@@ -103,7 +105,12 @@ async def test_values_wait_for_a_whole_range_of_data(shared_prometheus: Promethe
     assert not poller.warming_up()
     value = poller.qps()
     assert value is not None and value.value == 4.0
-    poller._record_failure("simulated outage")  # a failure restarts the warm-up
+    poller._record_failure("a blip")
+    clock[0] += 1.0
     assert (await poller.poll_once()).ok
-    assert poller.warming_up() and poller.qps() is None
+    assert poller.qps() is not None, "a blip shorter than stale_after_s keeps the values usable"
+    poller._record_failure("an outage")
+    clock[0] += 10.0
+    assert (await poller.poll_once()).ok
+    assert poller.warming_up() and poller.qps() is None, "after a long outage the ranges have a hole"
     await poller.close()

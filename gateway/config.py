@@ -10,6 +10,8 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 UrlList = Annotated[list[str], NoDecode]
+# Variables of the project's own scripts (scripts/test, scripts/setup/*), not gateway settings.
+SCRIPT_VARIABLES = frozenset({"SPECGATE_VENV", "SPECGATE_CACHE"})
 
 
 class Settings(BaseSettings):

@@ -52,7 +52,9 @@ class Settings(BaseSettings):
         unknown = sorted(
             key
             for key in os.environ
-            if key.startswith(prefix) and key[len(prefix) :].lower() not in type(self).model_fields
+            if key.startswith(prefix)
+            and key not in SCRIPT_VARIABLES
+            and key[len(prefix) :].lower() not in type(self).model_fields
         )
         if unknown:
             raise ValueError(f"unknown environment variable(s): {', '.join(unknown)}")

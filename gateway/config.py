@@ -12,6 +12,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from gateway.signals import DEFAULT_QPS_QUERY
 
 UrlList = Annotated[list[str], NoDecode]
+# Variables of the project's own scripts (scripts/test, scripts/setup/*), not gateway settings.
+SCRIPT_VARIABLES = frozenset({"SPECGATE_VENV", "SPECGATE_CACHE"})
 
 
 class Settings(BaseSettings):
@@ -69,7 +71,9 @@ class Settings(BaseSettings):
         unknown = sorted(
             key
             for key in os.environ
-            if key.startswith(prefix) and key[len(prefix) :].lower() not in type(self).model_fields
+            if key.startswith(prefix)
+            and key not in SCRIPT_VARIABLES
+            and key[len(prefix) :].lower() not in type(self).model_fields
         )
         if unknown:
             raise ValueError(f"unknown environment variable(s): {', '.join(unknown)}")

@@ -25,11 +25,8 @@ from typing import Any
 
 import httpx
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
-ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-DRAFTED = "vllm:spec_decode_num_draft_tokens_total"
-POOLS = ("standard", "speculative")
+from gateway.signals.vllm_metrics import SpecCounters, parse_vllm_metrics, spec_delta
 
 
 @dataclass(frozen=True)
@@ -151,18 +148,6 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def spec_counters(metrics_text: str) -> tuple[float, float] | None:
-    """(accepted, drafted) token counters summed over engines; None when the server does not speculate."""
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if sample.name in (ACCEPTED, DRAFTED):
-                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    if DRAFTED not in totals:
-        return None
-    return totals.get(ACCEPTED, 0.0), totals[DRAFTED]
-
-
 def request_body(item: BenchItem, model: str, config: CompareConfig) -> dict[str, Any]:
     max_tokens = item.max_tokens if config.max_tokens_cap is None else min(item.max_tokens, config.max_tokens_cap)
     return {
@@ -223,10 +208,11 @@ def category_requests(items: Sequence[BenchItem], concurrency: int) -> list[Benc
     return [items[index % len(items)] for index in range(count)]
 
 
-async def read_spec_counters(client: httpx.AsyncClient, url: str) -> tuple[float, float] | None:
+async def read_spec_counters(client: httpx.AsyncClient, url: str) -> SpecCounters | None:
+    """The server's cumulative speculative counters (None when it does not speculate)."""
     response = await client.get(f"{url}/metrics")
     response.raise_for_status()
-    return spec_counters(response.text)
+    return parse_vllm_metrics(response.text).spec
 
 
 async def discover_model(client: httpx.AsyncClient, url: str) -> tuple[str, str]:
@@ -248,7 +234,8 @@ async def run_category(
     after = await read_spec_counters(client, config.speculative_url)
     accepted = drafted = None
     if before is not None and after is not None:
-        accepted, drafted = after[0] - before[0], after[1] - before[1]
+        delta = spec_delta(before, after, at=time.time())  # handles an engine restart in between
+        accepted, drafted = delta.accepted_tokens, delta.draft_tokens
     return CategoryResult(concurrency, items[0].category, stats["standard"], stats["speculative"],
                           drafted, accepted)
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from backends.cpu_engine import CpuPair
 from backends.manifest import load_manifest, pool_path
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.servers import ThreadServer
+from gateway.signals.vllm_metrics import EngineStats, SpecCounters, parse_vllm_metrics
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -41,19 +41,18 @@ class Stack:
     gateway: str
 
 
-def counters(url: str) -> dict[str, float]:
-    """Every counter sample of a server's /metrics, summed over labels."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
-    return totals
+def engine(url: str) -> EngineStats:
+    return parse_vllm_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
 
 
 def successes(url: str) -> float:
-    return counters(url).get("vllm:request_success_total", 0.0)
+    return engine(url).finished_requests
+
+
+def spec(url: str) -> SpecCounters:
+    counters = engine(url).spec
+    assert counters is not None, f"{url} reports no speculative counters"
+    return counters
 
 
 @pytest.fixture(scope="module")
@@ -84,34 +83,31 @@ def test_servers_came_up_in_reasonable_time(stack: Stack) -> None:
 
 def test_code_edit_goes_to_the_speculative_pool_and_drafts_are_accepted(stack: Stack) -> None:
     spec_url, std_url = stack.pools.speculative.url, stack.pools.standard.url
-    spec_before, std_before = counters(spec_url), successes(std_url)
+    spec_before, spec_done_before, std_before = spec(spec_url), successes(spec_url), successes(std_url)
     response = chat(stack, CODE_EDIT, max_tokens=96)
     assert response.status_code == 200, response.text
     assert response.headers["x-specgate-pool"] == "speculative"
     assert response.headers["x-specgate-task"] == "code"
     assert response.json()["usage"]["completion_tokens"] > 0
-    spec_after = counters(spec_url)
-    assert spec_after["vllm:request_success_total"] == spec_before["vllm:request_success_total"] + 1
+    assert successes(spec_url) == spec_done_before + 1
     assert successes(std_url) == std_before
-    drafted = (spec_after["vllm:spec_decode_num_draft_tokens_total"]
-               - spec_before["vllm:spec_decode_num_draft_tokens_total"])
-    accepted = (spec_after["vllm:spec_decode_num_accepted_tokens_total"]
-                - spec_before["vllm:spec_decode_num_accepted_tokens_total"])
+    spec_after = spec(spec_url)
+    drafted = spec_after.draft_tokens - spec_before.draft_tokens
+    accepted = spec_after.accepted_tokens - spec_before.accepted_tokens
     assert drafted > 0 and accepted > 0, (drafted, accepted)
 
 
 def test_chat_goes_to_the_standard_pool(stack: Stack) -> None:
     spec_url, std_url = stack.pools.speculative.url, stack.pools.standard.url
-    spec_before, std_before = counters(spec_url), successes(std_url)
+    spec_before, spec_done_before, std_before = spec(spec_url), successes(spec_url), successes(std_url)
     response = chat(stack, CHAT, max_tokens=64)
     assert response.status_code == 200, response.text
     assert (response.headers["x-specgate-pool"], response.headers["x-specgate-task"]) == ("standard", "chat")
     assert response.json()["choices"][0]["message"]["content"]
     assert successes(std_url) == std_before + 1
-    spec_after = counters(spec_url)
-    assert spec_after["vllm:request_success_total"] == spec_before["vllm:request_success_total"]
-    assert spec_after.get("vllm:spec_decode_num_draft_tokens_total") == spec_before.get(
-        "vllm:spec_decode_num_draft_tokens_total")
+    assert successes(spec_url) == spec_done_before
+    assert spec(spec_url).draft_tokens == spec_before.draft_tokens
+    assert engine(std_url).spec is None  # the standard server really does not speculate
 
 
 def test_streaming_through_the_gateway_with_the_openai_sdk(stack: Stack) -> None:

@@ -118,7 +118,8 @@ def collect_findings(pools_dir: Path, rules_path: Path | None) -> list[Finding]:
     """Validate every manifest under ``pools_dir`` and the shipped ones, then the pair and the rules."""
     findings: list[Finding] = []
     manifests: dict[Path, PoolManifest] = {}
-    paths = sorted({*POOLS_DIR.rglob("*.yaml"), *pools_dir.rglob("*.yaml")})
+    pools_dir = pools_dir.resolve()
+    paths = sorted({p.resolve() for p in (*POOLS_DIR.rglob("*.yaml"), *pools_dir.rglob("*.yaml"))})
     for path in paths:
         try:
             manifests[path] = load_manifest(path)

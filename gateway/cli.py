@@ -23,7 +23,11 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 
 def _commands() -> list[Register]:
     # Sub-command modules register themselves here, one line each.
-    return []
+    from backends.emulator import cli as emulator_cli
+
+    return [
+        emulator_cli.register_emulate,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

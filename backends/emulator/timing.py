@@ -91,6 +91,7 @@ class EngineRequest:
     prompt_tokens: int
     output_tokens: int
     acceptance: float
+    finish_reason: str = "stop"  # what the request ends with: "stop" (drawn length) or "length" (max_tokens)
     generated: int = 0
     needs_prefill: bool = True
     aborted: bool = False

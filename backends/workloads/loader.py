@@ -137,11 +137,11 @@ def prompt_key(messages_or_prompt: str | Sequence[Mapping[str, Any]]) -> str:
     if isinstance(messages_or_prompt, str):
         canonical: Any = messages_or_prompt
     else:
-        canonical = [[str(m.get("role", "")), _content_text(m.get("content"))] for m in messages_or_prompt]
+        canonical = [[str(m.get("role", "")), content_text(m.get("content"))] for m in messages_or_prompt]
     return hashlib.sha256(orjson.dumps(canonical)).hexdigest()[:24]
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     """Message content as text: a string, or OpenAI's list of parts (text parts joined)."""
     if isinstance(content, str):
         return content
@@ -157,7 +157,7 @@ def count_tokens(text: str) -> int:
 
 def count_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
     """Prompt tokens of a chat: the text plus a few template tokens per message (as chat templates add)."""
-    return sum(count_tokens(_content_text(m.get("content"))) + 4 for m in messages) + 2
+    return sum(count_tokens(content_text(m.get("content"))) + 4 for m in messages) + 2
 
 
 def load_workload(paths: Iterable[Path] | None = None) -> Workload:

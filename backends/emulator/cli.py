@@ -11,18 +11,29 @@ SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def register_emulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("emulate", help="run an emulated vLLM server (no GPU; figures are emulated)")
-    parser.add_argument("--profile", default="a100-70b-draft",
-                        help=f"shipped profile ({', '.join(shipped_profiles())}) or a YAML path")
+    parser = subparsers.add_parser(
+        "emulate", help="run an emulated vLLM server (no GPU; figures are emulated)"
+    )
+    parser.add_argument(
+        "--profile",
+        default="a100-70b-draft",
+        help=f"shipped profile ({', '.join(shipped_profiles())}) or a YAML path",
+    )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--speculative", action="store_true", help="emulate a speculative-decoding engine")
     mode.add_argument("--standard", action="store_true", help="emulate a plain engine")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--speed", type=float, default=1.0, help="run this many times faster than the profile")
+    parser.add_argument(
+        "--speed", type=float, default=1.0, help="run this many times faster than the profile"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the acceptance draws")
-    parser.add_argument("--workload", type=Path, action="append",
-                        help="workload YAML with ground truth (repeatable; default: the shipped workloads)")
+    parser.add_argument(
+        "--workload",
+        type=Path,
+        action="append",
+        help="workload YAML with ground truth (repeatable; default: the shipped workloads)",
+    )
     parser.add_argument("--served-model-name", help="model name to serve (default: the profile's)")
     parser.set_defaults(func=_run_emulate)
 
@@ -39,10 +50,18 @@ def _run_emulate(args: argparse.Namespace) -> int:
     except ProfileError as exc:
         print(f"specgate emulate: {exc}")
         return 2
-    config = EmulatorConfig(profile, speculative=args.speculative, speed=args.speed, seed=args.seed,
-                            served_model_name=args.served_model_name)
+    config = EmulatorConfig(
+        profile,
+        speculative=args.speculative,
+        speed=args.speed,
+        seed=args.seed,
+        served_model_name=args.served_model_name,
+    )
     app = EmulatorApp(config, load_workload(args.workload))
-    print(f"EMULATED vLLM ({config.mode}, profile {profile.name}, speed x{args.speed}) "
-          f"on http://{args.host}:{args.port}", flush=True)
+    print(
+        f"EMULATED vLLM ({config.mode}, profile {profile.name}, speed x{args.speed}) "
+        f"on http://{args.host}:{args.port}",
+        flush=True,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on")
     return 0

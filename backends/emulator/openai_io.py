@@ -26,8 +26,9 @@ class RequestError(Exception):
 
     def body(self) -> bytes:
         error_type = _ERROR_TYPES.get(self.status, "BadRequestError")
-        return orjson.dumps({"error": {"message": self.message, "type": error_type, "param": self.param,
-                                       "code": self.status}})
+        return orjson.dumps(
+            {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.status}}
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +56,13 @@ def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) 
         key, text, prompt_tokens = prompt_key(prompt), prompt, count_tokens(prompt) + 1
     max_tokens = _max_tokens(body)
     if prompt_tokens + (max_tokens or 1) > max_model_len:
-        raise RequestError(400, f"This model's maximum context length is {max_model_len} tokens. However, you "
-                                f"requested {prompt_tokens + (max_tokens or 0)} tokens ({prompt_tokens} in the "
-                                f"messages, {max_tokens or 0} in the completion). Please reduce the length.",
-                           "max_tokens")
+        raise RequestError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + (max_tokens or 0)} tokens ({prompt_tokens} in the "
+            f"messages, {max_tokens or 0} in the completion). Please reduce the length.",
+            "max_tokens",
+        )
     stream, include_usage = _stream_options(body)
     if body.get("n", 1) not in (1, None):
         raise RequestError(400, "the emulator serves n=1 only", "n")
@@ -83,7 +87,9 @@ def _messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError(400, f"messages[{index}] must be an object with a string 'role'", "messages")
         if not isinstance(message.get("content"), str | list | None):
-            raise RequestError(400, f"messages[{index}].content must be a string or a list of parts", "messages")
+            raise RequestError(
+                400, f"messages[{index}].content must be a string or a list of parts", "messages"
+            )
     return messages
 
 
@@ -126,25 +132,48 @@ def _joined(messages: list[Mapping[str, Any]]) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def full_response(request: ParsedRequest, rid: str, created: int, text: str, finish: str,
-                  completion_tokens: int) -> bytes:
+def full_response(
+    request: ParsedRequest, rid: str, created: int, text: str, finish: str, completion_tokens: int
+) -> bytes:
     if request.kind == CHAT:
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "logprobs": None, "finish_reason": finish}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
         obj = "chat.completion"
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         obj = "text_completion"
-    return orjson.dumps({"id": rid, "object": obj, "created": created, "model": request.model,
-                         "choices": [choice], "usage": usage(request.prompt_tokens, completion_tokens)})
+    return orjson.dumps(
+        {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": request.model,
+            "choices": [choice],
+            "usage": usage(request.prompt_tokens, completion_tokens),
+        }
+    )
 
 
-def stream_chunk(request: ParsedRequest, rid: str, created: int, text: str | None, finish: str | None,
-                 *, role: bool = False) -> bytes:
+def stream_chunk(
+    request: ParsedRequest,
+    rid: str,
+    created: int,
+    text: str | None,
+    finish: str | None,
+    *,
+    role: bool = False,
+) -> bytes:
     """One SSE event with ``text`` (a chat delta or completion text); ``role`` opens a chat stream."""
     if request.kind == CHAT:
         delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {"content": text or ""}
@@ -160,8 +189,16 @@ def stream_chunk(request: ParsedRequest, rid: str, created: int, text: str | Non
 
 def usage_chunk(request: ParsedRequest, rid: str, created: int, completion_tokens: int) -> bytes:
     obj = "chat.completion.chunk" if request.kind == CHAT else "text_completion"
-    return _sse({"id": rid, "object": obj, "created": created, "model": request.model, "choices": [],
-                 "usage": usage(request.prompt_tokens, completion_tokens)})
+    return _sse(
+        {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": request.model,
+            "choices": [],
+            "usage": usage(request.prompt_tokens, completion_tokens),
+        }
+    )
 
 
 DONE = b"data: [DONE]\n\n"

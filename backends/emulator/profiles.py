@@ -74,7 +74,9 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not path.suffix:
         path = PROFILE_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise ProfileError(f"no emulator profile {str(name_or_path)!r}; shipped: {', '.join(shipped_profiles())}")
+        raise ProfileError(
+            f"no emulator profile {str(name_or_path)!r}; shipped: {', '.join(shipped_profiles())}"
+        )
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     try:
         return Profile.model_validate(data)

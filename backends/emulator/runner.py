@@ -40,9 +40,16 @@ class RunnerStats:
     def as_dict(self) -> dict[str, float]:
         mean_lag = self.lag_sum_s / self.steps if self.steps else 0.0
         ratio = self.busy_wall_s / self.scheduled_wall_s if self.scheduled_wall_s else 1.0
-        return {"steps": self.steps, "emulated_s": self.emulated_s, "scheduled_wall_s": self.scheduled_wall_s,
-                "busy_wall_s": self.busy_wall_s, "wall_over_scheduled": ratio, "mean_lag_s": mean_lag,
-                "max_lag_s": self.max_lag_s, "max_batch": self.max_batch}
+        return {
+            "steps": self.steps,
+            "emulated_s": self.emulated_s,
+            "scheduled_wall_s": self.scheduled_wall_s,
+            "busy_wall_s": self.busy_wall_s,
+            "wall_over_scheduled": ratio,
+            "mean_lag_s": mean_lag,
+            "max_lag_s": self.max_lag_s,
+            "max_batch": self.max_batch,
+        }
 
 
 @dataclass(eq=False)
@@ -110,4 +117,6 @@ class EngineRunner:
             ticket.queue.put_nowait(emission)
             if emission.finished:
                 del self._tickets[emission.request]
-                self.metrics.finished(emission.request.finish_reason, (now - ticket.submitted_at) * self.speed)
+                self.metrics.finished(
+                    emission.request.finish_reason, (now - ticket.submitted_at) * self.speed
+                )

@@ -71,8 +71,12 @@ class _Job:
 class EmulatorApp:
     """The ASGI app. Build as many as you like; each owns its engine, registry and loop task."""
 
-    def __init__(self, config: EmulatorConfig, workload: Workload | None = None,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: EmulatorConfig,
+        workload: Workload | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         if config.speed <= 0:
             raise ValueError("speed must be positive")
         self.config = config
@@ -135,20 +139,33 @@ class EmulatorApp:
             await self._send_error(send, io.RequestError(404, f"no route {path}"))
 
     def _models(self) -> tuple[bytes, bytes]:
-        model = {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "vllm",
-                 "root": self.config.model_name, "max_model_len": self.config.profile.max_model_len}
+        model = {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vllm",
+            "root": self.config.model_name,
+            "max_model_len": self.config.profile.max_model_len,
+        }
         return orjson.dumps({"object": "list", "data": [model]}), b"application/json"
 
     def _stats(self) -> tuple[bytes, bytes]:
-        body = {"emulated": True, "mode": self.config.mode, "profile": self.config.profile.name,
-                "speed": self.config.speed, "running": self.engine.num_running,
-                "waiting": self.engine.num_waiting, **self.runner.stats.as_dict()}
+        body = {
+            "emulated": True,
+            "mode": self.config.mode,
+            "profile": self.config.profile.name,
+            "speed": self.config.speed,
+            "running": self.engine.num_running,
+            "waiting": self.engine.num_waiting,
+            **self.runner.stats.as_dict(),
+        }
         return orjson.dumps(body), b"application/json"
 
     async def _complete(self, kind: str, receive: Receive, send: Send) -> None:
         try:
-            parsed = io.parse_request(kind, await _read_body(receive), self.config.model_name,
-                                      self.config.profile.max_model_len)
+            parsed = io.parse_request(
+                kind, await _read_body(receive), self.config.model_name, self.config.profile.max_model_len
+            )
         except io.RequestError as exc:
             await self._send_error(send, exc)
             return
@@ -170,11 +187,18 @@ class EmulatorApp:
         if item is not None:
             acceptance, drawn, task = item.acceptance, item.output_tokens, item.task
         else:
-            acceptance, drawn, task = self.config.profile.default_acceptance, self._draw_length(parsed.key), None
+            acceptance, drawn, task = (
+                self.config.profile.default_acceptance,
+                self._draw_length(parsed.key),
+                None,
+            )
         limit = parsed.max_tokens or self.config.profile.max_model_len - parsed.prompt_tokens
         request = EngineRequest(
-            request_id=parsed.key, prompt_tokens=parsed.prompt_tokens, output_tokens=min(drawn, limit),
-            acceptance=acceptance, finish_reason="length" if limit < drawn else "stop",
+            request_id=parsed.key,
+            prompt_tokens=parsed.prompt_tokens,
+            output_tokens=min(drawn, limit),
+            acceptance=acceptance,
+            finish_reason="length" if limit < drawn else "stop",
         )
         return request, style_for(task, parsed.prompt_text)
 
@@ -194,14 +218,23 @@ class EmulatorApp:
         if emissions is None:
             return  # the client went away
         text = token_text(job.style, 0, ticket.request.generated)
-        body = io.full_response(job.parsed, job.rid, job.created, text, ticket.request.finish_reason,
-                                ticket.request.generated)
+        body = io.full_response(
+            job.parsed, job.rid, job.created, text, ticket.request.finish_reason, ticket.request.generated
+        )
         await self._send(send, 200, body, b"application/json")
 
     async def _stream(self, job: _Job, ticket: Ticket, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-            *self._headers]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    *self._headers,
+                ],
+            }
+        )
         parsed, produced = job.parsed, 0
         if parsed.kind == io.CHAT:
             await _body(send, io.stream_chunk(parsed, job.rid, job.created, None, None, role=True))
@@ -217,7 +250,11 @@ class EmulatorApp:
         await send({"type": "http.response.body", "body": io.DONE, "more_body": False})
 
     async def _send(self, send: Send, status: int, body: bytes, content_type: bytes) -> None:
-        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *self._headers]
+        headers = [
+            (b"content-type", content_type),
+            (b"content-length", str(len(body)).encode()),
+            *self._headers,
+        ]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

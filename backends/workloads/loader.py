@@ -117,8 +117,12 @@ class WorkloadItem:
 
     def request_body(self, model: str, *, stream: bool = False) -> dict[str, Any]:
         """The OpenAI chat-completions body a client would send for this item."""
-        return {"model": model, "messages": [dict(m) for m in self.messages], "max_tokens": self.max_tokens,
-                "stream": stream}
+        return {
+            "model": model,
+            "messages": [dict(m) for m in self.messages],
+            "max_tokens": self.max_tokens,
+            "stream": stream,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,17 +185,21 @@ def _items(spec: CategoryFile, path: Path) -> list[WorkloadItem]:
     items = []
     for item in spec.items:
         if item.acceptance is None or item.output_tokens is None:
-            raise WorkloadError(f"{path}: item {item.id} has no drawn acceptance/output_tokens; run the drawer")
-        items.append(WorkloadItem(
-            id=item.id,
-            category=spec.category,
-            task=item.task or CATEGORY_TASKS.get(spec.category, spec.category),
-            messages=_messages(item),
-            max_tokens=item.max_tokens,
-            acceptance=item.acceptance,
-            output_tokens=item.output_tokens,
-            hard_case=item.hard_case,
-        ))
+            raise WorkloadError(
+                f"{path}: item {item.id} has no drawn acceptance/output_tokens; run the drawer"
+            )
+        items.append(
+            WorkloadItem(
+                id=item.id,
+                category=spec.category,
+                task=item.task or CATEGORY_TASKS.get(spec.category, spec.category),
+                messages=_messages(item),
+                max_tokens=item.max_tokens,
+                acceptance=item.acceptance,
+                output_tokens=item.output_tokens,
+                hard_case=item.hard_case,
+            )
+        )
     return items
 
 

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backends.emulator.profiles import ProfileError, load_profile, shipped_profiles
+
+
+def test_the_three_issue_profiles_ship() -> None:
+    assert {"a100-70b-draft", "h100-8b", "cpu-smollm2"} <= set(shipped_profiles())
+
+
+@pytest.mark.parametrize("name", shipped_profiles())
+def test_every_shipped_profile_loads_and_documents_its_source(name: str) -> None:
+    profile = load_profile(name)
+    assert profile.name == name
+    assert len(profile.source) > 80
+    assert profile.targets
+
+
+def test_a_misspelt_key_fails_naming_its_path(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[2] / "backends/emulator/profiles/h100-8b.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("t_mem_s:", "t_mem_ms:"))
+    with pytest.raises(ProfileError, match=r"step\.t_mem_ms: Extra inputs are not permitted"):
+        load_profile(bad)
+
+
+def test_an_unknown_profile_names_the_shipped_ones() -> None:
+    with pytest.raises(ProfileError, match="cpu-smollm2"):
+        load_profile("tpu-9000")

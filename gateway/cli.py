@@ -24,8 +24,10 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 def _commands() -> list[Register]:
     # Sub-command modules register themselves here, one line each.
     from backends.emulator import cli as emulator_cli
+    from gateway import cli_serve
 
     return [
+        cli_serve.register,
         emulator_cli.register_emulate,
     ]
 

@@ -29,6 +29,7 @@ def _commands() -> list[Register]:
     return [
         cli_serve.register,
         emulator_cli.register_emulate,
+        emulator_cli.register_simulate,
     ]
 
 

@@ -11,9 +11,7 @@ SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def register_emulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "emulate", help="run an emulated vLLM server (no GPU; figures are emulated)"
-    )
+    parser = subparsers.add_parser("emulate", help="run an emulated vLLM server (no GPU; figures are emulated)")
     parser.add_argument(
         "--profile",
         default="a100-70b-draft",
@@ -24,9 +22,7 @@ def register_emulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     mode.add_argument("--standard", action="store_true", help="emulate a plain engine")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument(
-        "--speed", type=float, default=1.0, help="run this many times faster than the profile"
-    )
+    parser.add_argument("--speed", type=float, default=1.0, help="run this many times faster than the profile")
     parser.add_argument("--seed", type=int, default=0, help="seed of the acceptance draws")
     parser.add_argument(
         "--workload",
@@ -59,9 +55,57 @@ def _run_emulate(args: argparse.Namespace) -> int:
     )
     app = EmulatorApp(config, load_workload(args.workload))
     print(
-        f"EMULATED vLLM ({config.mode}, profile {profile.name}, speed x{args.speed}) "
-        f"on http://{args.host}:{args.port}",
+        f"EMULATED vLLM ({config.mode}, profile {profile.name}, speed x{args.speed}) on http://{args.host}:{args.port}",
         flush=True,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on")
+    return 0
+
+
+def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "simulate", help="evaluate routing policies in virtual time against emulated pools (figures are emulated)"
+    )
+    parser.add_argument("--profile", default="a100-70b-draft", help="shipped profile or YAML path")
+    parser.add_argument("--qps", default="2,8,16,24,32,40", help="comma-separated load levels (requests/s)")
+    parser.add_argument("--duration", type=float, default=120.0, help="virtual seconds of arrivals per level")
+    parser.add_argument("--warmup", type=float, default=10.0, help="virtual seconds left out of the results")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rules", type=Path, help="rules file for the 'rules' policy (default: shipped)")
+    parser.add_argument("--plot", type=Path, help="write a PNG of mean and p95 latency against QPS")
+    parser.set_defaults(func=_run_simulate)
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from backends.emulator.profiles import ProfileError, load_profile
+    from backends.emulator.report import level_table, plot_levels
+    from backends.emulator.simulate import simulate_level
+    from backends.workloads.loader import load_workload
+    from gateway.errors import RulesError
+    from gateway.rules import default_rules, load_rules
+
+    console = Console()
+    try:
+        profile = load_profile(args.profile)
+        rules = load_rules(args.rules) if args.rules else default_rules()
+        levels = [float(value) for value in args.qps.split(",") if value.strip()]
+    except (ProfileError, ValueError) as exc:
+        console.print(f"specgate simulate: {exc}")
+        return 2
+    except RulesError as exc:
+        console.print(f"specgate simulate: invalid rules {exc.source}: {'; '.join(exc.problems)}")
+        return 2
+    if not levels or min(levels) <= 0:
+        console.print("specgate simulate: --qps needs positive load levels")
+        return 2
+    workload = load_workload()
+    results = {}
+    for qps in levels:
+        results[qps] = simulate_level(profile, workload, rules, qps, args.duration, args.seed, args.warmup)
+        console.print(level_table(qps, profile.name, results[qps]))
+    if args.plot:
+        plot_levels(args.plot, profile.name, results)
+        console.print(f"wrote {args.plot} (EMULATED)")
     return 0

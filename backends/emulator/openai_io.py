@@ -87,9 +87,7 @@ def _messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise RequestError(400, f"messages[{index}] must be an object with a string 'role'", "messages")
         if not isinstance(message.get("content"), str | list | None):
-            raise RequestError(
-                400, f"messages[{index}].content must be a string or a list of parts", "messages"
-            )
+            raise RequestError(400, f"messages[{index}].content must be a string or a list of parts", "messages")
     return messages
 
 

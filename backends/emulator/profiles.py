@@ -74,9 +74,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     if not path.suffix:
         path = PROFILE_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise ProfileError(
-            f"no emulator profile {str(name_or_path)!r}; shipped: {', '.join(shipped_profiles())}"
-        )
+        raise ProfileError(f"no emulator profile {str(name_or_path)!r}; shipped: {', '.join(shipped_profiles())}")
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     try:
         return Profile.model_validate(data)
@@ -85,6 +83,4 @@ def load_profile(name_or_path: str | Path) -> Profile:
 
 
 def _describe(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(part) for part in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
-    )
+    return "; ".join(f"{'.'.join(str(part) for part in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors())

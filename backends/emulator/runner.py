@@ -117,6 +117,4 @@ class EngineRunner:
             ticket.queue.put_nowait(emission)
             if emission.finished:
                 del self._tickets[emission.request]
-                self.metrics.finished(
-                    emission.request.finish_reason, (now - ticket.submitted_at) * self.speed
-                )
+                self.metrics.finished(emission.request.finish_reason, (now - ticket.submitted_at) * self.speed)

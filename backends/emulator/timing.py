@@ -79,9 +79,7 @@ class TimingModel:
 
     def time_per_output_token_s(self, batch: int, acceptance: float) -> float:
         """Steady-state decode time per output token with ``batch`` requests decoding together."""
-        tokens = (
-            expected_tokens_per_step(self.effective_acceptance(acceptance), self.k) if self.speculative else 1
-        )
+        tokens = expected_tokens_per_step(self.effective_acceptance(acceptance), self.k) if self.speculative else 1
         return self.step_s(batch) / tokens
 
 
@@ -194,9 +192,7 @@ class Engine:
         preempted = self._preempt_overflow()
         self._count(emissions, prefill_tokens, preempted)
         batch_tokens = len(decoding) * (self.model.k + 1 if self.model.speculative else 1)
-        return StepOutcome(
-            duration, tuple(emissions), batch_tokens + len(prefilling), prefill_tokens, preempted
-        )
+        return StepOutcome(duration, tuple(emissions), batch_tokens + len(prefilling), prefill_tokens, preempted)
 
     def _admit(self) -> None:
         limit = self.model.profile.max_num_seqs

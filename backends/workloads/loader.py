@@ -185,9 +185,7 @@ def _items(spec: CategoryFile, path: Path) -> list[WorkloadItem]:
     items = []
     for item in spec.items:
         if item.acceptance is None or item.output_tokens is None:
-            raise WorkloadError(
-                f"{path}: item {item.id} has no drawn acceptance/output_tokens; run the drawer"
-            )
+            raise WorkloadError(f"{path}: item {item.id} has no drawn acceptance/output_tokens; run the drawer")
         items.append(
             WorkloadItem(
                 id=item.id,

@@ -89,9 +89,7 @@ def test_streaming_sends_one_chunk_per_step_and_usage_last(base_url: str) -> Non
 
 
 def test_completions_endpoint_streams_and_answers(base_url: str) -> None:
-    plain = httpx.post(
-        f"{base_url}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 12}, timeout=30
-    )
+    plain = httpx.post(f"{base_url}/v1/completions", json={"prompt": "def f(x):", "max_tokens": 12}, timeout=30)
     assert plain.json()["object"] == "text_completion"
     assert plain.json()["usage"]["completion_tokens"] == 12
     streamed = httpx.post(
@@ -237,9 +235,7 @@ def test_metric_counters_follow_the_requests(spec_url: str) -> None:
     items = [_item("code-03"), _item("chat-01"), _item("short-01")]
     completion = 0
     for item in items:
-        body = httpx.post(
-            f"{spec_url}/v1/chat/completions", json=item.request_body("smollm2"), timeout=30
-        ).json()
+        body = httpx.post(f"{spec_url}/v1/chat/completions", json=item.request_body("smollm2"), timeout=30).json()
         completion += body["usage"]["completion_tokens"]
     text = httpx.get(f"{spec_url}/metrics").text
     assert _sample(text, "vllm:generation_tokens_total") == completion
@@ -268,9 +264,7 @@ def test_acceptance_never_comes_from_headers_or_extra_fields() -> None:
         with serve_in_thread(_app(True, seed=5)) as url:
             body = {**item.request_body("smollm2"), **extra}
             httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=30)
-            accepted.append(
-                _sample(httpx.get(f"{url}/metrics").text, "vllm:spec_decode_num_accepted_tokens_total")
-            )
+            accepted.append(_sample(httpx.get(f"{url}/metrics").text, "vllm:spec_decode_num_accepted_tokens_total"))
     assert accepted[0] == accepted[1]
 
 

@@ -24,9 +24,7 @@ def _models(name: str) -> tuple[TimingModel, TimingModel]:
 
 def _speedup(name: str, batch: int, acceptance: float) -> float:
     standard, speculative = _models(name)
-    return standard.time_per_output_token_s(batch, acceptance) / speculative.time_per_output_token_s(
-        batch, acceptance
-    )
+    return standard.time_per_output_token_s(batch, acceptance) / speculative.time_per_output_token_s(batch, acceptance)
 
 
 @pytest.mark.parametrize(

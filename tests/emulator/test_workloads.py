@@ -37,9 +37,7 @@ def test_the_issue_hard_cases_are_present() -> None:
     hard = [item for item in load_workload().items if item.hard_case]
     in_user = [i for i in hard if "user message" in (i.hard_case or "") and i.task != "chat"]
     code_in_chat = [i for i in hard if i.task == "chat" and "```" in i.messages[-1]["content"]]
-    creative_translator = [
-        i for i in hard if i.task == "chat" and _mentions_translation(i.messages[0]["content"])
-    ]
+    creative_translator = [i for i in hard if i.task == "chat" and _mentions_translation(i.messages[0]["content"])]
     assert {i.task for i in in_user} >= {"code", "translation", "summarization"}
     assert len(code_in_chat) >= 2
     assert len(creative_translator) >= 2

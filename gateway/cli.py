@@ -30,6 +30,7 @@ def _commands() -> list[Register]:
         cli_serve.register,
         emulator_cli.register_emulate,
         emulator_cli.register_simulate,
+        emulator_cli.register_demo,
     ]
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.console import Console
+
 from backends.emulator.profiles import shipped_profiles
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -77,7 +79,6 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from rich.console import Console
 
     from backends.emulator.profiles import ProfileError, load_profile
     from backends.emulator.report import level_table, plot_levels
@@ -86,7 +87,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from gateway.errors import RulesError
     from gateway.rules import default_rules, load_rules
 
-    console = Console()
+    console = _console()
     try:
         profile = load_profile(args.profile)
         rules = load_rules(args.rules) if args.rules else default_rules()
@@ -109,3 +110,27 @@ def _run_simulate(args: argparse.Namespace) -> int:
         plot_levels(args.plot, profile.name, results)
         console.print(f"wrote {args.plot} (EMULATED)")
     return 0
+
+
+def register_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="two emulated pools + the gateway on loopback, driven at a low and a high load (emulated)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a shortened run (about 20 s)")
+    parser.add_argument("--plot", type=Path, help="write a PNG of the per-task latencies")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(func=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from backends.emulator.demo import FULL, QUICK, run_demo
+
+    plan = dataclasses.replace(QUICK if args.quick else FULL, seed=args.seed)
+    return run_demo(plan, _console(), args.plot).exit_code
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 130))

@@ -1,0 +1,42 @@
+"""`specgate demo --quick` end to end: two emulator processes and the real gateway on loopback."""
+
+from __future__ import annotations
+
+import io
+import socket
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from backends.emulator.demo import QUICK, run_demo
+from backends.emulator.demo_report import task_rows
+
+
+@pytest.mark.slow
+def test_quick_demo_routes_through_the_gateway_and_stops_everything(tmp_path: Path) -> None:
+    out = io.StringIO()
+    plot = tmp_path / "demo.png"
+    outcome = run_demo(QUICK, Console(file=out, width=140), plot)
+    text = out.getvalue()
+    assert outcome.exit_code == 0, text
+    assert "EMULATED through the gateway: low load" in text and "high load" in text
+    assert plot.stat().st_size > 10_000
+
+    pinned = [s for s in outcome.samples if s.phase != "routed"]
+    assert all(s.pool == s.phase for s in pinned)  # the x-specgate-pool header pins the pool
+    low = [s for s in outcome.samples if s.level == "low" and s.phase == "routed"]
+    assert all(s.pool == "speculative" for s in low if s.arrival.item.category == "code")
+    assert all(s.pool == "standard" for s in low if s.arrival.item.category in ("chat", "short"))
+    high = [s for s in outcome.samples if s.level == "high" and s.phase == "routed"]
+    assert not any(s.reason == "high-load" for s in low)
+    # 25 QPS > the rules' 20: the high-load rule should win most requests it can match; the quick run's 2 s QPS
+    # window is noisy, so some read below 20 and route by task.
+    by_reason = {reason: sum(s.reason == reason for s in high) for reason in {s.reason for s in high}}
+    assert by_reason.get("high-load", 0) > by_reason.get("draft-friendly-task", 0) + by_reason.get("default", 0)
+    rows = {row[0]: row for row in task_rows(outcome.samples, "high")}
+    assert rows["all"][4] > rows["all"][3]  # speculative slower than standard at high load (emulated)
+
+    for port in outcome.ports.values():
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"

@@ -60,7 +60,7 @@ class DemoPlan:
 
 FULL = DemoPlan("cpu-smollm2", 5.0, (LoadLevel("low", 2.0, 25, 0.0), LoadLevel("high", 25.0, 200, 4.5)))
 QUICK = DemoPlan(
-    "cpu-smollm2", 5.0, (LoadLevel("low", 4.0, 8, 0.0), LoadLevel("high", 25.0, 80, 2.2)), qps_window_s=2.0
+    "cpu-smollm2", 8.0, (LoadLevel("low", 4.0, 8, 0.0), LoadLevel("high", 25.0, 80, 2.2)), qps_window_s=2.0
 )
 
 

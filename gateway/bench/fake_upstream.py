@@ -103,7 +103,14 @@ class FakeUpstream:
                 if stall_after is not None and index >= int(stall_after):
                     await asyncio.sleep(3600)
                 delta = {"delta": {"content": f"t{index} "}} if chat else {"text": f"t{index} "}
-                event = {"id": "cmpl-fake", "model": self.model, "choices": [{"index": 0, **delta}]}
+                finish = "length" if index == count - 1 else None
+                event = {
+                    "id": "cmpl-fake",
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": 0,
+                    "model": self.model,
+                    "choices": [{"index": 0, **delta, "finish_reason": finish}],
+                }
                 await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
                 if interval:
                     await asyncio.sleep(interval)
@@ -116,3 +123,22 @@ class FakeUpstream:
             self.cancelled += 1
             raise
         return response
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m gateway.bench.fake_upstream --port N``: serve the fake on loopback (for benchmarks)."""
+    import argparse
+
+    import uvloop
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="fake-model")
+    args = parser.parse_args(argv)
+    uvloop.install()
+    web.run_app(FakeUpstream(args.model).app(), host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -298,6 +298,10 @@ def run_demo(plan: DemoPlan, console: Console, plot: Path | None = None) -> Demo
     try:
         with sigterm_as_interrupt(), running_stack(plan) as stack, Progress(console=console) as progress:
             ports = stack.ports
+            console.print(
+                f"servers ready: gateway {stack.gateway_url} (standard emulator :{ports['standard']}, "
+                f"speculative emulator :{ports['speculative']})"
+            )
             samples = asyncio.run(drive(stack.gateway_url, model, plan, load_workload(), progress))
     except KeyboardInterrupt:
         console.print("specgate demo: interrupted; all demo servers stopped")

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
+import re
+import signal
 import socket
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -40,5 +45,36 @@ def test_quick_demo_routes_through_the_gateway_and_stops_everything(tmp_path: Pa
     assert rows["all"][4] > rows["all"][3], text  # speculative slower than standard at high load (emulated)
 
     for port in outcome.ports.values():
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_demo_stops_every_server(signum: int) -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        assert demo.stdout is not None
+        ready = ""
+        for line in demo.stdout:
+            if line.startswith("servers ready:"):
+                ready = line
+                break
+        ports = [int(port) for port in re.findall(r":(\d+)", ready)]
+        assert len(ports) == 3, ready
+        demo.send_signal(signum)
+        assert demo.wait(timeout=20) == 130
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        if demo.stdout is not None:
+            demo.stdout.close()
+    for port in ports:
         with socket.socket() as sock:
             assert sock.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still open"

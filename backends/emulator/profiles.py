@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -62,6 +62,12 @@ class Profile(_Strict):
     default_acceptance: float = Field(gt=0, lt=1)
     output_length: OutputLength
     targets: dict[str, str] = Field(default_factory=dict, description="the calibration targets, as prose")
+
+    @model_validator(mode="after")
+    def _one_request_fits(self) -> Profile:
+        if self.kv_capacity_tokens < self.max_model_len:
+            raise ValueError("kv_capacity_tokens must hold at least one request of max_model_len tokens")
+        return self
 
 
 def shipped_profiles() -> list[str]:

@@ -30,3 +30,11 @@ def test_a_misspelt_key_fails_naming_its_path(tmp_path: Path) -> None:
 def test_an_unknown_profile_names_the_shipped_ones() -> None:
     with pytest.raises(ProfileError, match="cpu-smollm2"):
         load_profile("tpu-9000")
+
+
+def test_a_kv_cache_smaller_than_one_request_is_rejected(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[2] / "backends/emulator/profiles/h100-8b.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("kv_capacity_tokens: 430000", "kv_capacity_tokens: 100"))
+    with pytest.raises(ProfileError, match="kv_capacity_tokens must hold"):
+        load_profile(bad)

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backends.emulator.profiles import load_profile
 from backends.emulator.server import EmulatorApp, EmulatorConfig
-from backends.emulator.threaded import serve_in_thread
 from backends.workloads.loader import WorkloadItem, load_workload
+from gateway.servers import ThreadServer
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"  # copies of shared/fixtures: real vLLM 0.32.0 /metrics
 SPEED = 20.0
@@ -29,14 +29,14 @@ def _app(speculative: bool, seed: int = 0) -> EmulatorApp:
 
 @pytest.fixture(params=[False, True], ids=["standard", "speculative"])
 def base_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    with serve_in_thread(_app(request.param)) as url:
-        yield url
+    with ThreadServer(_app(request.param)) as server:
+        yield server.url
 
 
 @pytest.fixture
 def spec_url() -> Iterator[str]:
-    with serve_in_thread(_app(True)) as url:
-        yield url
+    with ThreadServer(_app(True)) as server:
+        yield server.url
 
 
 def _item(item_id: str) -> WorkloadItem:
@@ -157,7 +157,8 @@ def test_unknown_route_and_method(spec_url: str) -> None:
 
 def test_speed_factor_scales_wall_time(spec_url: str) -> None:
     # 100 tokens of cpu-smollm2 plain decoding take about 1.1 emulated seconds; at x20 about 55 ms.
-    with serve_in_thread(_app(False)) as url:
+    with ThreadServer(_app(False)) as server:
+        url = server.url
         body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100}
         started = time.perf_counter()
         httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
@@ -261,7 +262,8 @@ def test_acceptance_never_comes_from_headers_or_extra_fields() -> None:
             {"acceptance": 0.99, "task": "code"},
         ),
     ]:
-        with serve_in_thread(_app(True, seed=5)) as url:
+        with ThreadServer(_app(True, seed=5)) as server:
+            url = server.url
             body = {**item.request_body("smollm2"), **extra}
             httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=30)
             accepted.append(_sample(httpx.get(f"{url}/metrics").text, "vllm:spec_decode_num_accepted_tokens_total"))

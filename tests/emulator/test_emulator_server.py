@@ -163,7 +163,7 @@ def test_speed_factor_scales_wall_time(spec_url: str) -> None:
         started = time.perf_counter()
         httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
         elapsed = time.perf_counter() - started
-    assert 1.08 / SPEED <= elapsed <= 4 * 1.1 / SPEED
+    assert 1.08 / SPEED <= elapsed < 1.1 / 2  # scaled (generous upper bound for a loaded machine)
 
 
 def test_the_openai_sdk_streams_from_the_emulator(spec_url: str) -> None:

@@ -200,8 +200,8 @@ class Engine:
         used = sum(request.kv_tokens for request in self._running)
         while self._waiting and len(self._running) < limit:
             candidate = self._waiting[0]
-            if used + candidate.kv_tokens + 1 > capacity:
-                break
+            if self._running and used + candidate.kv_tokens + 1 > capacity:
+                break  # (an empty engine always takes the head, so no request can wait forever)
             self._running.append(self._waiting.popleft())
             used += candidate.kv_tokens + 1
 

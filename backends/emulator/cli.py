@@ -24,7 +24,7 @@ def register_emulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     mode.add_argument("--standard", action="store_true", help="emulate a plain engine")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--speed", type=float, default=1.0, help="run this many times faster than the profile")
+    parser.add_argument("--speed", type=_positive, default=1.0, help="run this many times faster than the profile")
     parser.add_argument("--seed", type=int, default=0, help="seed of the acceptance draws")
     parser.add_argument(
         "--workload",
@@ -41,11 +41,12 @@ def _run_emulate(args: argparse.Namespace) -> int:
 
     from backends.emulator.profiles import ProfileError, load_profile
     from backends.emulator.server import EmulatorApp, EmulatorConfig
-    from backends.workloads.loader import load_workload
+    from backends.workloads.loader import WorkloadError, load_workload
 
     try:
         profile = load_profile(args.profile)
-    except ProfileError as exc:
+        workload = load_workload(args.workload)
+    except (ProfileError, WorkloadError, OSError) as exc:
         print(f"specgate emulate: {exc}")
         return 2
     config = EmulatorConfig(
@@ -55,7 +56,7 @@ def _run_emulate(args: argparse.Namespace) -> int:
         seed=args.seed,
         served_model_name=args.served_model_name,
     )
-    app = EmulatorApp(config, load_workload(args.workload))
+    app = EmulatorApp(config, workload)
     print(
         f"EMULATED vLLM ({config.mode}, profile {profile.name}, speed x{args.speed}) on http://{args.host}:{args.port}",
         flush=True,
@@ -134,3 +135,10 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _console() -> Console:
     console = Console()
     return console if console.is_terminal else Console(width=max(console.width, 130))
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value

@@ -38,3 +38,15 @@ def test_a_kv_cache_smaller_than_one_request_is_rejected(tmp_path: Path) -> None
     bad.write_text(text.replace("kv_capacity_tokens: 430000", "kv_capacity_tokens: 100"))
     with pytest.raises(ProfileError, match="kv_capacity_tokens must hold"):
         load_profile(bad)
+
+
+def test_emulate_cli_rejects_bad_arguments_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    assert main(["emulate", "--standard", "--profile", "tpu-9000"]) == 2
+    assert "no emulator profile" in capsys.readouterr().out
+    assert main(["emulate", "--standard", "--workload", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["emulate", "--standard", "--speed", "0"])
+    assert "must be positive" in capsys.readouterr().err

@@ -82,3 +82,18 @@ def test_simulate_cli_prints_emulated_tables_and_writes_the_plot(
 def test_simulate_cli_rejects_bad_levels(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--qps", "0"]) == 2
     assert "positive" in capsys.readouterr().out
+
+
+def test_a_lone_request_takes_prefill_plus_one_step_per_token() -> None:
+    from backends.emulator.simulate import Simulation, fixed_pool_rules, make_arrivals
+    from backends.emulator.timing import TimingModel
+
+    rules = fixed_pool_rules(default_rules(), "standard")
+    arrivals = make_arrivals(WORKLOAD, 0.001, 3, 0, rules)  # ~1000 s apart: each request runs alone
+    model = TimingModel(PROFILE, speculative=False)
+    for arrival, result in zip(arrivals, Simulation(PROFILE, rules).run(arrivals), strict=True):
+        item = arrival.item
+        tokens = min(item.output_tokens, item.max_tokens)
+        prefill = model.step_s(0, 1, item.prompt_tokens)
+        assert result.ttft_s == pytest.approx(prefill)
+        assert result.latency_s == pytest.approx(prefill + (tokens - 1) * model.step_s(1))

@@ -27,6 +27,7 @@ from backends.emulator.demo import free_port
 
 @dataclass(frozen=True, slots=True)
 class BenchRow:
+    server: str
     mode: str
     streams: int
     tokens: int
@@ -68,7 +69,7 @@ async def _stats(url: str) -> dict[str, float]:
         return data
 
 
-def _start(profile: str, mode: str, speed: float, port: int) -> subprocess.Popen[bytes]:
+def _start(server: str, profile: str, mode: str, speed: float, port: int) -> subprocess.Popen[bytes]:
     argv = [
         sys.executable,
         "-m",
@@ -81,6 +82,8 @@ def _start(profile: str, mode: str, speed: float, port: int) -> subprocess.Popen
         str(speed),
         "--port",
         str(port),
+        "--server",
+        server,
     ]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -99,11 +102,11 @@ async def _wait_healthy(url: str, timeout_s: float = 20.0) -> None:
     raise RuntimeError("the emulator did not start")
 
 
-def measure(profile: str, mode: str, speed: float, streams: int, max_tokens: int) -> BenchRow:
+def measure(server: str, profile: str, mode: str, speed: float, streams: int, max_tokens: int) -> BenchRow:
     """One fresh emulator process, ``streams`` concurrent streams; the emulator's stats afterwards."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    child = _start(profile, mode, speed, port)
+    child = _start(server, profile, mode, speed, port)
     try:
         asyncio.run(_wait_healthy(url))
         chunks, tokens, wall = asyncio.run(_run_streams(url, streams, max_tokens))
@@ -111,7 +114,7 @@ def measure(profile: str, mode: str, speed: float, streams: int, max_tokens: int
     finally:
         child.terminate()
         child.wait(timeout=10)
-    return BenchRow(mode, streams, tokens, chunks, wall, stats)
+    return BenchRow(server, mode, streams, tokens, chunks, wall, stats)
 
 
 def table(rows: list[BenchRow], profile: str, speed: float) -> Table:
@@ -121,6 +124,7 @@ def table(rows: list[BenchRow], profile: str, speed: float) -> Table:
         f"one emulator process (load average {load:.1f} on {os.cpu_count()} CPUs)"
     )
     for column in (
+        "server",
         "mode",
         "streams",
         "max batch",
@@ -134,10 +138,11 @@ def table(rows: list[BenchRow], profile: str, speed: float) -> Table:
         "SSE chunks/s",
         "tokens",
     ):
-        result.add_column(column, justify="left" if column == "mode" else "right")
+        result.add_column(column, justify="left" if column in ("server", "mode") else "right")
     for row in rows:
         s = row.stats
         result.add_row(
+            row.server,
             row.mode,
             str(row.streams),
             f"{s['max_batch']:.0f}",
@@ -161,11 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="1,64,256")
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--modes", default="standard,speculative")
+    parser.add_argument("--servers", default="asgi,aiohttp", help="transports to compare")
     args = parser.parse_args(argv)
     rows = [
-        measure(args.profile, mode, args.speed, int(n), args.max_tokens)
+        measure(server, args.profile, mode, args.speed, int(n), args.max_tokens)
         for mode in args.modes.split(",")
         for n in args.streams.split(",")
+        for server in args.servers.split(",")  # interleaved, so machine noise falls on both alike
     ]
     Console(width=200).print(table(rows, args.profile, args.speed))
     return 0

@@ -33,6 +33,12 @@ def register_emulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         help="workload YAML with ground truth (repeatable; default: the shipped workloads)",
     )
     parser.add_argument("--served-model-name", help="model name to serve (default: the profile's)")
+    parser.add_argument(
+        "--server",
+        choices=["asgi", "aiohttp"],
+        default="asgi",
+        help="transport: raw ASGI under uvicorn (default) or aiohttp.web",
+    )
     parser.set_defaults(func=_run_emulate)
 
 
@@ -56,12 +62,28 @@ def _run_emulate(args: argparse.Namespace) -> int:
         seed=args.seed,
         served_model_name=args.served_model_name,
     )
-    app = EmulatorApp(config, workload)
     print(
-        f"EMULATED vLLM ({config.mode}, profile {profile.name}, speed x{args.speed}) on http://{args.host}:{args.port}",
+        f"EMULATED vLLM ({config.mode}, profile {profile.name}, speed x{args.speed}, {args.server}) "
+        f"on http://{args.host}:{args.port}",
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False, lifespan="on")
+    if args.server == "aiohttp":
+        from aiohttp import web
+
+        from backends.emulator.aiohttp_server import build_aiohttp_app
+        from backends.emulator.core import EmulatorCore
+
+        app = build_aiohttp_app(EmulatorCore(config, workload))
+        web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True)
+        return 0
+    uvicorn.run(
+        EmulatorApp(config, workload),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
     return 0
 
 

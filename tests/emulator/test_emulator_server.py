@@ -1,4 +1,4 @@
-"""The emulator's OpenAI API and /metrics, through a real uvicorn server on loopback."""
+"""The emulator's OpenAI API and /metrics, through real servers on loopback (raw ASGI and aiohttp)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 from openai import OpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from backends.emulator.aiohttp_server import build_aiohttp_app
+from backends.emulator.core import EmulatorCore
 from backends.emulator.profiles import load_profile
 from backends.emulator.server import EmulatorApp, EmulatorConfig
 from backends.workloads.loader import WorkloadItem, load_workload
@@ -22,20 +24,33 @@ SPEED = 20.0
 WORKLOAD = load_workload()
 
 
+def _config(speculative: bool, seed: int = 0) -> EmulatorConfig:
+    return EmulatorConfig(load_profile("cpu-smollm2"), speculative=speculative, speed=SPEED, seed=seed)
+
+
 def _app(speculative: bool, seed: int = 0) -> EmulatorApp:
-    config = EmulatorConfig(load_profile("cpu-smollm2"), speculative=speculative, speed=SPEED, seed=seed)
-    return EmulatorApp(config, WORKLOAD)
+    return EmulatorApp(_config(speculative, seed), WORKLOAD)
 
 
-@pytest.fixture(params=[False, True], ids=["standard", "speculative"])
+@pytest.fixture(
+    params=[("asgi", False), ("asgi", True), ("aiohttp", True)],
+    ids=["asgi-standard", "asgi-speculative", "aiohttp-speculative"],
+)
 def base_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    with ThreadServer(_app(request.param)) as server:
+    transport, speculative = request.param
+    app: object = _app(speculative)
+    if transport == "aiohttp":
+        app = build_aiohttp_app(EmulatorCore(_config(speculative), WORKLOAD))
+    with ThreadServer(app) as server:
         yield server.url
 
 
-@pytest.fixture
-def spec_url() -> Iterator[str]:
-    with ThreadServer(_app(True)) as server:
+@pytest.fixture(params=["asgi", "aiohttp"])
+def spec_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    app: object = _app(True)
+    if request.param == "aiohttp":
+        app = build_aiohttp_app(EmulatorCore(_config(True), WORKLOAD))
+    with ThreadServer(app) as server:
         yield server.url
 
 

@@ -256,20 +256,18 @@ async def _run_phase(
     async def one(arrival: Arrival) -> Sample:
         await asyncio.sleep(max(0.0, start + arrival.at_s - loop.time()))
         sent = time.perf_counter()
-        response = await client.post("/v1/chat/completions", json=arrival.item.request_body(model), headers=headers)
+        try:
+            response = await client.post("/v1/chat/completions", json=arrival.item.request_body(model), headers=headers)
+        except httpx.HTTPError as exc:  # counted as a failed request (status 0) and reported
+            progress.advance(task)
+            return Sample(level.name, phase, arrival, 0, time.perf_counter() - sent, "?", "?", type(exc).__name__)
         latency = time.perf_counter() - sent
         progress.advance(task)
         h = response.headers
-        return Sample(
-            level.name,
-            phase,
-            arrival,
-            response.status_code,
-            latency,
-            h.get("x-specgate-pool", "?"),
-            h.get("x-specgate-task", "?"),
-            h.get("x-specgate-reason", "?"),
+        pool, task_name, reason = (
+            h.get(name, "?") for name in ("x-specgate-pool", "x-specgate-task", "x-specgate-reason")
         )
+        return Sample(level.name, phase, arrival, response.status_code, latency, pool, task_name, reason)
 
     async with asyncio.TaskGroup() as group:
         tasks = [group.create_task(one(arrival)) for arrival in arrivals]
@@ -316,5 +314,6 @@ def run_demo(plan: DemoPlan, console: Console, plot: Path | None = None) -> Demo
         console.print(f"wrote {plot} (EMULATED)")
     failed = [s for s in samples if s.status != 200]
     if failed:
-        console.print(f"specgate demo: {len(failed)} requests failed (first status {failed[0].status})")
+        first = failed[0]
+        console.print(f"specgate demo: {len(failed)} requests failed (first: status {first.status}, {first.reason})")
     return DemoOutcome(1 if failed else 0, samples, ports)

@@ -85,6 +85,7 @@ def create_app(
         }
         ok = any(p.available for p in state.snapshot.pools.values())
         details = {"ready": ok, "pools": pools, "qps_source": state.snapshot.qps_source}
+        details["signals"] = state.signals.status()
         return JSONResponse(details, status_code=200 if ok else 503)
 
     @api.get("/metrics")

@@ -9,7 +9,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from gateway.signals import DEFAULT_QPS_QUERY
+
 UrlList = Annotated[list[str], NoDecode]
+# Variables of the project's own scripts (scripts/test, scripts/setup/*), not gateway settings.
+SCRIPT_VARIABLES = frozenset({"SPECGATE_VENV", "SPECGATE_CACHE"})
 
 
 class Settings(BaseSettings):
@@ -44,13 +48,32 @@ class Settings(BaseSettings):
     reload_rules: bool = True
     log_level: str = "info"
 
+    # Live signals (gateway/signals): vLLM /metrics scrapes, Prometheus queries, state shared through Redis.
+    engine_metrics_interval_s: float = Field(default=1.0, gt=0)
+    engine_metrics_timeout_s: float = Field(default=0.5, gt=0)
+    engine_stale_after_s: float = Field(default=3.0, gt=0)  # a replica's stats older than this are unused
+    acceptance_window_s: float = Field(default=30.0, gt=0)
+    prometheus_url: str | None = None  # unset: QPS from Redis's shared window, or the local one
+    prometheus_qps_query: str = DEFAULT_QPS_QUERY
+    prometheus_signals: dict[str, str] = Field(default_factory=dict)  # name -> PromQL; JSON in the env var
+    prometheus_interval_s: float = Field(default=1.0, gt=0)
+    prometheus_timeout_s: float = Field(default=1.0, gt=0)
+    prometheus_stale_after_s: float = Field(default=5.0, gt=0)
+    prometheus_warmup_s: float = Field(default=30.0, ge=0)  # = the QPS query's range: see docs/signals.md
+    redis_url: str | None = None  # unset: in-memory state, nothing shared between replicas
+    redis_timeout_s: float = Field(default=0.25, gt=0)
+    redis_sync_interval_s: float = Field(default=0.25, gt=0)
+    redis_stale_after_s: float = Field(default=2.0, gt=0)
+
     @model_validator(mode="after")
     def _no_unknown_environment(self) -> Settings:
         prefix = "SPECGATE_"
         unknown = sorted(
             key
             for key in os.environ
-            if key.startswith(prefix) and key[len(prefix) :].lower() not in type(self).model_fields
+            if key.startswith(prefix)
+            and key not in SCRIPT_VARIABLES
+            and key[len(prefix) :].lower() not in type(self).model_fields
         )
         if unknown:
             raise ValueError(f"unknown environment variable(s): {', '.join(unknown)}")

@@ -56,6 +56,7 @@ class ProxyRoute:
             return
         state.metrics.routing_step.labels("route").observe(time.perf_counter() - started)
         state.qps.record(time.monotonic())
+        state.signals.record_request(time.time())
         await _Relay(state, self.path, features, decision, headers, started).run(body, receive, send)
 
     def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:

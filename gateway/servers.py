@@ -20,7 +20,9 @@ class ThreadServer:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 20.0) -> None:
         self.app = app
         self.host = host
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the listening
+        # socket's proto is IPPROTO_TCP; with proto 0, Nagle + delayed ACK add ~40 ms to every response.
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.port: int = self._sock.getsockname()[1]

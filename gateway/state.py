@@ -21,6 +21,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet
 from gateway.qps import LocalQps
 from gateway.rules import RoutingRules, default_rules, load_rules
+from gateway.signals.engine_poller import ScrapeTarget
+from gateway.signals.hub import SignalHub
 from gateway.snapshot import Snapshot
 from gateway.upstream import Upstream, make_upstream
 
@@ -47,6 +49,9 @@ class GatewayState:
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
         self.ruleset = self._build_ruleset(self.read_rules())
         self.pool_models: frozenset[str] = frozenset()
+        self.signals = SignalHub(
+            settings, targets=self._scrape_targets, local_qps=lambda: self.qps.rate(time.monotonic()), registry=registry
+        )
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
         self.health_rounds = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -74,9 +79,10 @@ class GatewayState:
     # -- snapshot ------------------------------------------------------------------------------------
     def refresh_snapshot(self) -> None:
         self.pool_models = frozenset(self.pools.models())
-        self.snapshot = Snapshot(
-            pools=self.pools.pool_snapshots(), qps=self.qps.rate(time.monotonic()), qps_source="local", qps_age_s=0.0
-        )
+        self.snapshot = self.signals.build_snapshot(self.pools.pool_snapshots())
+
+    def _scrape_targets(self) -> list[ScrapeTarget]:
+        return [ScrapeTarget(r.pool, r.url) for r in self.pools.replicas()]
 
     def _health_round(self) -> None:
         self.health_rounds += 1
@@ -93,6 +99,7 @@ class GatewayState:
 
     async def start(self) -> None:
         await self.upstream.start()
+        await self.signals.start()
         checker = HealthChecker(
             self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self._health_round
         )
@@ -105,4 +112,5 @@ class GatewayState:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self.signals.stop()
         await self.upstream.close()

@@ -46,3 +46,9 @@ def test_foreign_dotenv_entries_are_left_alone(tmp_path: Path) -> None:
     env = tmp_path / ".env"
     env.write_text("HF_TOKEN=secret\nSPECGATE_PORT=9001\n")
     assert Settings(_env_file=env).port == 9001  # type: ignore[call-arg]
+
+
+def test_the_scripts_own_variables_are_not_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECGATE_CACHE", "/tmp/cache")
+    monkeypatch.setenv("SPECGATE_VENV", "/tmp/venv")
+    assert Settings(_env_file=None).port == 8080  # type: ignore[call-arg]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,10 @@ from backends.emulator.aiohttp_server import build_aiohttp_app
 from backends.emulator.core import EmulatorCore
 from backends.emulator.profiles import load_profile
 from backends.emulator.server import EmulatorApp, EmulatorConfig
+from backends.emulator.timing import TimingModel, draft_acceptance_rate
 from backends.workloads.loader import WorkloadItem, load_workload
 from gateway.servers import ThreadServer
+from gateway.signals.vllm_metrics import acceptance_from, parse_vllm_metrics, spec_delta
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"  # copies of shared/fixtures: real vLLM 0.32.0 /metrics
 SPEED = 20.0
@@ -301,3 +304,26 @@ def test_a_client_that_goes_away_aborts_its_request(spec_url: str) -> None:
         time.sleep(0.05)
     assert _sample(text, "vllm:request_success_total", finished_reason="abort") == 1
     assert _sample(text, "vllm:num_requests_running") == 0
+
+
+def test_the_gateway_metrics_parser_reads_the_emulator(base_url: str) -> None:
+    """The gateway's own parse_vllm_metrics on the emulator's /metrics, and the acceptance it would see."""
+    before = parse_vllm_metrics(httpx.get(f"{base_url}/metrics").text)
+    items = [item for item in WORKLOAD.items if item.category == "code"][:8]
+    completion = 0
+    for item in items:
+        body = httpx.post(f"{base_url}/v1/chat/completions", json=item.request_body("smollm2"), timeout=30).json()
+        completion += body["usage"]["completion_tokens"]
+    after = parse_vllm_metrics(httpx.get(f"{base_url}/metrics").text)
+    assert (after.running, after.waiting) == (0, 0)
+    assert after.generation_tokens - before.generation_tokens == completion
+    assert after.finished_requests - before.finished_requests == len(items)
+    if before.spec is None or after.spec is None:
+        assert before.spec is None and after.spec is None
+        return
+    acceptance = acceptance_from([spec_delta(before.spec, after.spec, at=1.0)])
+    assert acceptance is not None
+    model = TimingModel(load_profile("cpu-smollm2"), speculative=True)
+    mean_truth = statistics.fmean(item.acceptance for item in items)
+    expected = draft_acceptance_rate(model.effective_acceptance(mean_truth), model.k)
+    assert acceptance.rate == pytest.approx(expected, abs=0.08)

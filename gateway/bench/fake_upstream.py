@@ -30,6 +30,7 @@ class FakeUpstream:
         self.healthy = True
         self.requests = 0
         self.cancelled = 0
+        self.events_sent = 0  # stream events written, over all streams
         self.last_body: dict[str, Any] | None = None
         self.last_headers: dict[str, str] = {}
 
@@ -112,6 +113,7 @@ class FakeUpstream:
                     "choices": [{"index": 0, **delta, "finish_reason": finish}],
                 }
                 await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+                self.events_sent += 1
                 if interval:
                     await asyncio.sleep(interval)
             if (body.get("stream_options") or {}).get("include_usage"):

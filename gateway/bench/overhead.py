@@ -66,6 +66,7 @@ def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
     return out
 
 
+STARTUP_TIMEOUT_S = 90.0  # generous: a loaded 2-core machine can take long to start Python processes
 TARGETS = ("direct", "minimal-aiohttp-proxy", "specgate", "specgate[httpx]", "specgate[httpx-aiohttp]")
 
 
@@ -161,12 +162,25 @@ def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console) -> l
     rest = set(cpus[1:]) if len(cpus) > 1 else None
     if rest:
         os.sched_setaffinity(0, rest)
+    try:
+        return _run_targets(targets, plan, console, proxy_cpu, rest)
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+
+
+def _run_targets(
+    targets: Sequence[str],
+    plan: Sequence[Scenario],
+    console: Console,
+    proxy_cpu: set[int] | None,
+    rest: set[int] | None,
+) -> list[Result]:
     upstream_port = free_port()
     upstream = f"http://127.0.0.1:{upstream_port}"
     results: list[Result] = []
     upstream_cmd = [sys.executable, "-m", "gateway.bench.fake_upstream", "--port", str(upstream_port)]
     with process(upstream_cmd, rest):
-        wait_http(upstream + "/health")
+        wait_http(upstream + "/health", timeout_s=STARTUP_TIMEOUT_S)
         for target in targets:
             if target == "direct":
                 results += [measure(target, upstream, None, s) for s in plan]
@@ -174,7 +188,7 @@ def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console) -> l
                 continue
             port = free_port()
             with process(proxy_command(target, port, upstream), proxy_cpu) as proc:
-                wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", method="POST")
+                wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
                 results += [measure(target, f"http://127.0.0.1:{port}", proc.pid, s) for s in plan]
             console.print(f"  measured {target}")
     return results

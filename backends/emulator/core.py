@@ -1,0 +1,185 @@
+"""The transport-free part of the emulator server: engine, loop, metrics, ground truth and response bodies.
+
+:class:`EmulatorCore` turns a parsed request into an engine request (acceptance and natural length from the
+workload's ground truth, looked up by a hash of the messages, or from the profile for unknown prompts; never
+from anything else the client sends), and :func:`stream_events` / :func:`full_body` turn its tokens into
+OpenAI bytes. The ASGI server (``server.py``) and the aiohttp one (``aiohttp_server.py``) only move bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from backends.emulator import openai_io as io
+from backends.emulator.metrics import EmulatorMetrics
+from backends.emulator.profiles import Profile
+from backends.emulator.runner import EngineRunner, Ticket
+from backends.emulator.text import style_for, token_text
+from backends.emulator.timing import Emission, Engine, EngineRequest, TimingModel
+from backends.workloads.loader import Workload, WorkloadItem
+
+EMULATED_HEADER = "x-specgate-emulated"
+MODE_HEADER = "x-specgate-emulator-mode"
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatorConfig:
+    profile: Profile
+    speculative: bool
+    speed: float = 1.0  # run this many times faster than the profile
+    seed: int = 0
+    served_model_name: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.profile.model_name
+
+    @property
+    def mode(self) -> str:
+        return "speculative" if self.speculative else "standard"
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One admitted request: what was asked, how its text looks, and its place in the engine."""
+
+    parsed: io.ParsedRequest
+    style: str
+    rid: str
+    created: int
+    ticket: Ticket
+
+
+class EmulatorCore:
+    """One emulated engine. Build as many as you like; each owns its engine, registry and loop task."""
+
+    def __init__(
+        self, config: EmulatorConfig, workload: Workload | None = None, registry: CollectorRegistry | None = None
+    ) -> None:
+        if config.speed <= 0:
+            raise ValueError("speed must be positive")
+        self.config = config
+        self.registry = registry if registry is not None else CollectorRegistry()
+        model = TimingModel(config.profile, config.speculative)
+        self.metrics = EmulatorMetrics(self.registry, config.model_name, model.k if config.speculative else None)
+        self.engine = Engine(model, random.Random(config.seed))
+        self.runner = EngineRunner(self.engine, self.metrics, config.speed)
+        self.headers = {EMULATED_HEADER: "true", MODE_HEADER: config.mode}
+        self._truth: dict[str, WorkloadItem] = workload.by_key() if workload is not None else {}
+        self._runner_task: asyncio.Task[None] | None = None
+
+    def ensure_running(self) -> None:
+        """Start the engine loop on the running event loop (kept; stopped by :meth:`aclose`)."""
+        if self._runner_task is None or self._runner_task.done():
+            self._runner_task = asyncio.get_running_loop().create_task(self.runner.run())
+
+    async def aclose(self) -> None:
+        task, self._runner_task = self._runner_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def parse(self, kind: str, raw: bytes) -> io.ParsedRequest:
+        return io.parse_request(kind, raw, self.config.model_name, self.config.profile.max_model_len)
+
+    def start(self, parsed: io.ParsedRequest) -> Job:
+        """Admit a parsed request into the engine."""
+        self.ensure_running()
+        request, style = self._engine_request(parsed)
+        rid = f"{'chatcmpl' if parsed.kind == io.CHAT else 'cmpl'}-{uuid.uuid4().hex}"
+        return Job(parsed, style, rid, int(time.time()), self.runner.submit(request))
+
+    def finish(self, job: Job) -> None:
+        """Release a job: a no-op when it completed, an abort when the client went away."""
+        self.runner.abort(job.ticket)
+
+    def _engine_request(self, parsed: io.ParsedRequest) -> tuple[EngineRequest, str]:
+        item = self._truth.get(parsed.key)
+        if item is not None:
+            acceptance, drawn, task = item.acceptance, item.output_tokens, item.task
+        else:
+            acceptance, drawn, task = self.config.profile.default_acceptance, self._draw_length(parsed.key), None
+        limit = parsed.max_tokens or self.config.profile.max_model_len - parsed.prompt_tokens
+        request = EngineRequest(
+            request_id=parsed.key,
+            prompt_tokens=parsed.prompt_tokens,
+            output_tokens=min(drawn, limit),
+            acceptance=acceptance,
+            finish_reason="length" if limit < drawn else "stop",
+        )
+        return request, style_for(task, parsed.prompt_text)
+
+    def _draw_length(self, key: str) -> int:
+        spec = self.config.profile.output_length
+        rng = random.Random(key)
+        drawn = math.exp(math.log(spec.median) + spec.sigma * rng.gauss(0.0, 1.0))
+        return int(min(max(round(drawn), spec.minimum), spec.maximum))
+
+    def models_body(self) -> bytes:
+        name = self.config.model_name
+        model = {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "vllm",
+            "root": name,
+            "max_model_len": self.config.profile.max_model_len,
+        }
+        return orjson.dumps({"object": "list", "data": [model]})
+
+    def stats_body(self) -> bytes:
+        config = self.config
+        return orjson.dumps(
+            {
+                "emulated": True,
+                "mode": config.mode,
+                "profile": config.profile.name,
+                "speed": config.speed,
+                "running": self.engine.num_running,
+                "waiting": self.engine.num_waiting,
+                **self.runner.stats.as_dict(),
+            }
+        )
+
+    def metrics_body(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+async def full_body(job: Job) -> bytes | None:
+    """The whole response once the request finished; ``None`` when it was aborted."""
+    emissions: list[Emission] = []
+    while (emission := await job.ticket.queue.get()) is not None:
+        emissions.append(emission)
+        if emission.finished:
+            request = job.ticket.request
+            text = token_text(job.style, 0, request.generated)
+            return io.full_response(job.parsed, job.rid, job.created, text, request.finish_reason, request.generated)
+    return None
+
+
+async def stream_events(job: Job) -> AsyncIterator[bytes]:
+    """SSE events: the role (chat), one event per engine step, usage if asked, then ``[DONE]``."""
+    parsed, produced, ticket = job.parsed, 0, job.ticket
+    if parsed.kind == io.CHAT:
+        yield io.stream_chunk(parsed, job.rid, job.created, None, None, role=True)
+    while (emission := await ticket.queue.get()) is not None:
+        text = token_text(job.style, produced, emission.tokens)
+        produced += emission.tokens
+        finish = ticket.request.finish_reason if emission.finished else None
+        yield io.stream_chunk(parsed, job.rid, job.created, text, finish)
+        if emission.finished:
+            break
+    if emission is not None and parsed.include_usage:
+        yield io.usage_chunk(parsed, job.rid, job.created, produced)
+    yield io.DONE

@@ -1,0 +1,206 @@
+"""OpenAI request parsing and response shapes, as vLLM's OpenAI server reads and writes them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from backends.workloads.loader import content_text, count_prompt_tokens, count_tokens, prompt_key
+
+CHAT = "chat"
+COMPLETION = "completion"
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
+
+
+class RequestError(Exception):
+    """A request the emulator rejects, with the status and message vLLM would give."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        error_type = _ERROR_TYPES.get(self.status, "BadRequestError")
+        return orjson.dumps(
+            {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.status}}
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    kind: str  # CHAT or COMPLETION
+    model: str
+    key: str  # prompt_key of the messages / prompt: looks up the workload's ground truth
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+
+
+def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) -> ParsedRequest:
+    body = _json_object(raw)
+    model = body.get("model", served_model)
+    if model != served_model:
+        raise RequestError(404, f"The model `{model}` does not exist.", "model")
+    if kind == CHAT:
+        messages = _messages(body)
+        key, text, prompt_tokens = prompt_key(messages), _joined(messages), count_prompt_tokens(messages)
+    else:
+        prompt = _prompt(body)
+        key, text, prompt_tokens = prompt_key(prompt), prompt, count_tokens(prompt) + 1
+    max_tokens = _max_tokens(body)
+    if prompt_tokens + (max_tokens or 1) > max_model_len:
+        raise RequestError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + (max_tokens or 0)} tokens ({prompt_tokens} in the "
+            f"messages, {max_tokens or 0} in the completion). Please reduce the length.",
+            "max_tokens",
+        )
+    stream, include_usage = _stream_options(body)
+    if body.get("n", 1) not in (1, None):
+        raise RequestError(400, "the emulator serves n=1 only", "n")
+    return ParsedRequest(kind, str(model), key, text, prompt_tokens, max_tokens, stream, include_usage)
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RequestError(400, "request body must be a JSON object")
+    return body
+
+
+def _messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError(400, "'messages' must be a non-empty list", "messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RequestError(400, f"messages[{index}] must be an object with a string 'role'", "messages")
+        if not isinstance(message.get("content"), str | list | None):
+            raise RequestError(400, f"messages[{index}].content must be a string or a list of parts", "messages")
+    return messages
+
+
+def _prompt(body: Mapping[str, Any]) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise RequestError(400, "'prompt' must be a non-empty string", "prompt")
+    return prompt
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise RequestError(400, f"'{name}' must be a positive integer", name)
+        return value
+    return None
+
+
+def _stream_options(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError(400, "'stream' must be a boolean", "stream")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not stream:
+        raise RequestError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+    if not isinstance(options, dict):
+        raise RequestError(400, "'stream_options' must be an object", "stream_options")
+    return stream, bool(options.get("include_usage", False))
+
+
+def _joined(messages: list[Mapping[str, Any]]) -> str:
+    return "\n".join(content_text(message.get("content")) for message in messages)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def full_response(
+    request: ParsedRequest, rid: str, created: int, text: str, finish: str, completion_tokens: int
+) -> bytes:
+    if request.kind == CHAT:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return orjson.dumps(
+        {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": request.model,
+            "choices": [choice],
+            "usage": usage(request.prompt_tokens, completion_tokens),
+        }
+    )
+
+
+def stream_chunk(
+    request: ParsedRequest,
+    rid: str,
+    created: int,
+    text: str | None,
+    finish: str | None,
+    *,
+    role: bool = False,
+) -> bytes:
+    """One SSE event with ``text`` (a chat delta or completion text); ``role`` opens a chat stream."""
+    if request.kind == CHAT:
+        delta: dict[str, str] = {"role": "assistant", "content": ""} if role else {"content": text or ""}
+        if finish is not None and not text:
+            delta = {}
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        obj = "text_completion"
+    return _sse({"id": rid, "object": obj, "created": created, "model": request.model, "choices": [choice]})
+
+
+def usage_chunk(request: ParsedRequest, rid: str, created: int, completion_tokens: int) -> bytes:
+    obj = "chat.completion.chunk" if request.kind == CHAT else "text_completion"
+    return _sse(
+        {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": request.model,
+            "choices": [],
+            "usage": usage(request.prompt_tokens, completion_tokens),
+        }
+    )
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _sse(payload: Mapping[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"

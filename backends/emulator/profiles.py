@@ -1,0 +1,92 @@
+"""Emulator profiles: the numbers that make an emulated engine behave like one real deployment.
+
+A profile is a YAML file under ``backends/emulator/profiles/`` (or any path). Every field is typed and
+validated; a misspelt key fails with its path. Each shipped profile documents where its numbers come from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+
+
+class ProfileError(ValueError):
+    """A profile could not be found or does not validate."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StepCost(_Strict):
+    """One forward pass: ``overhead_s + max(t_mem_s, compute_s_per_token * n)`` for ``n`` tokens."""
+
+    t_mem_s: float = Field(gt=0, description="memory-bound floor: reading the weights once")
+    compute_s_per_token: float = Field(gt=0, description="compute-bound slope past the knee")
+    overhead_s: float = Field(default=0.0, ge=0, description="fixed per-step cost (scheduler, sampling)")
+    prefill_s_per_token: float = Field(ge=0, description="added per prompt token of a joining request")
+
+
+class SpeculativeConfig(_Strict):
+    method: str = Field(description="draft_model, eagle, ngram, ... (documentation only)")
+    num_speculative_tokens: int = Field(ge=1, le=10, description="k")
+    draft_cost_ratio: float = Field(ge=0, le=1, description="c: one draft step costs c * t_step(batch)")
+    acceptance_scale: float = Field(
+        default=1.0, gt=0, le=1.5, description="multiplies the workload's acceptance for this drafter"
+    )
+
+
+class OutputLength(_Strict):
+    """Log-normal output length for prompts the workload does not know."""
+
+    median: int = Field(gt=0)
+    sigma: float = Field(ge=0)
+    minimum: int = Field(default=1, gt=0)
+    maximum: int = Field(default=2048, gt=0)
+
+
+class Profile(_Strict):
+    name: str
+    description: str
+    source: str
+    model_name: str
+    max_model_len: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+    kv_capacity_tokens: int = Field(gt=0)
+    step: StepCost
+    speculative: SpeculativeConfig
+    default_acceptance: float = Field(gt=0, lt=1)
+    output_length: OutputLength
+    targets: dict[str, str] = Field(default_factory=dict, description="the calibration targets, as prose")
+
+    @model_validator(mode="after")
+    def _one_request_fits(self) -> Profile:
+        if self.kv_capacity_tokens < self.max_model_len:
+            raise ValueError("kv_capacity_tokens must hold at least one request of max_model_len tokens")
+        return self
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(path.stem for path in PROFILE_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a shipped profile by name (``a100-70b-draft``) or any YAML file by path."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILE_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise ProfileError(f"no emulator profile {str(name_or_path)!r}; shipped: {', '.join(shipped_profiles())}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(f"{path}: {_describe(exc)}") from exc
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(part) for part in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors())

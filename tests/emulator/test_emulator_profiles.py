@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from backends.emulator.profiles import ProfileError, load_profile, shipped_profiles
+
+
+def test_the_three_issue_profiles_ship() -> None:
+    assert {"a100-70b-draft", "h100-8b", "cpu-smollm2"} <= set(shipped_profiles())
+
+
+@pytest.mark.parametrize("name", shipped_profiles())
+def test_every_shipped_profile_loads_and_documents_its_source(name: str) -> None:
+    profile = load_profile(name)
+    assert profile.name == name
+    assert len(profile.source) > 80
+    assert profile.targets
+
+
+def test_a_misspelt_key_fails_naming_its_path(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[2] / "backends/emulator/profiles/h100-8b.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("t_mem_s:", "t_mem_ms:"))
+    with pytest.raises(ProfileError, match=r"step\.t_mem_ms: Extra inputs are not permitted"):
+        load_profile(bad)
+
+
+def test_an_unknown_profile_names_the_shipped_ones() -> None:
+    with pytest.raises(ProfileError, match="cpu-smollm2"):
+        load_profile("tpu-9000")
+
+
+def test_a_kv_cache_smaller_than_one_request_is_rejected(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[2] / "backends/emulator/profiles/h100-8b.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("kv_capacity_tokens: 430000", "kv_capacity_tokens: 100"))
+    with pytest.raises(ProfileError, match="kv_capacity_tokens must hold"):
+        load_profile(bad)
+
+
+def test_emulate_cli_rejects_bad_arguments_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    assert main(["emulate", "--standard", "--profile", "tpu-9000"]) == 2
+    assert "no emulator profile" in capsys.readouterr().out
+    assert main(["emulate", "--standard", "--workload", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["emulate", "--standard", "--speed", "0"])
+    assert "must be positive" in capsys.readouterr().err

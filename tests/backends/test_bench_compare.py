@@ -204,3 +204,12 @@ async def test_failed_requests_are_counted_not_hidden() -> None:
     assert (first.standard.errors, first.standard.mean_latency_s) == (2, None)
     assert first.speculative.errors == 0
     assert first.speedup_latency is None
+
+
+def test_the_shipped_workloads_are_readable_by_bench_compare() -> None:
+    data = Path(__file__).resolve().parents[2] / "backends" / "workloads" / "data"
+    items = load_items([data])
+    categories = {item.category for item in items}
+    assert {"code", "chat", "summarization", "translation"} <= categories
+    assert all(item.messages[-1]["role"] == "user" and item.max_tokens > 0 for item in items)
+    assert len(load_items([data], per_category=2)) == 2 * len(categories)

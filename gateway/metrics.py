@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -78,3 +80,27 @@ class GatewayMetrics:
         )
         self.rule_reloads.labels("ok")
         self.rule_reloads.labels("rejected")
+        # Children the hot path uses, looked up once instead of per request.
+        self.route_step = self.routing_step.labels("route")
+        self._outcomes: dict[tuple[str, str, str, int], Any] = {}
+        self._latency: dict[str, tuple[Any, Any, Any]] = {}
+
+    def count_request(self, pool: str, reason: str, task: str, status: int) -> None:
+        key = (pool, reason, task, status)
+        child = self._outcomes.get(key)
+        if child is None:
+            child = self._outcomes[key] = self.requests.labels(pool, reason, task, str(status))
+        child.inc()
+
+    def observe_latency(self, pool: str, ttft: float, total: float, tpot: float | None) -> None:
+        children = self._latency.get(pool)
+        if children is None:
+            children = self._latency[pool] = (
+                self.ttft.labels(pool),
+                self.duration.labels(pool),
+                self.tpot.labels(pool),
+            )
+        children[0].observe(ttft)
+        children[1].observe(total)
+        if tpot is not None:
+            children[2].observe(tpot)

@@ -52,9 +52,9 @@ class ProxyRoute:
             features, decision = self.route(body, headers)
         except GatewayError as exc:
             await send_error(send, exc)
-            state.metrics.requests.labels("none", "rejected", "none", str(exc.status_code)).inc()
+            state.metrics.count_request("none", "rejected", "none", exc.status_code)
             return
-        state.metrics.routing_step.labels("route").observe(time.perf_counter() - started)
+        state.metrics.route_step.observe(time.perf_counter() - started)
         state.qps.record(time.monotonic())
         state.signals.record_request(time.time())
         await _Relay(state, self.path, features, decision, headers, started).run(body, receive, send)
@@ -217,14 +217,12 @@ class _Relay:
 
     def _record(self) -> None:
         metrics = self.state.metrics
-        metrics.requests.labels(self.pool, self.reason, self.features.task, str(self.status)).inc()
+        metrics.count_request(self.pool, self.reason, self.features.task, self.status)
         if self.status != 200 or self.ttft is None:
             return
         total = time.perf_counter() - self.started
-        metrics.ttft.labels(self.pool).observe(self.ttft)
-        metrics.duration.labels(self.pool).observe(total)
-        if self.tokens > 1:
-            metrics.tpot.labels(self.pool).observe((total - self.ttft) / (self.tokens - 1))
+        tpot = (total - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
+        metrics.observe_latency(self.pool, self.ttft, total, tpot)
 
 
 def _is_event_stream(headers: RawHeaders) -> bool:

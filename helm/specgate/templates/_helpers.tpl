@@ -57,19 +57,25 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/*
 The speculative pool's --speculative-config JSON, keys in the renderer's order (backends/render.py):
 method, model, num_speculative_tokens, draft_tensor_parallel_size, prompt_lookup_max, prompt_lookup_min.
+Fields the method does not use are left out (values merged over the defaults may still carry them).
 */}}
 {{- define "specgate.speculativeConfig" -}}
+{{- $withWeights := has .method (list "draft_model" "eagle" "eagle3" "medusa") -}}
 {{- $parts := list (printf "\"method\":%s" (toJson .method)) -}}
-{{- if .draftModel -}}{{- $parts = append $parts (printf "\"model\":%s" (toJson .draftModel)) -}}{{- end -}}
+{{- if and $withWeights .draftModel -}}
+{{- $parts = append $parts (printf "\"model\":%s" (toJson .draftModel)) -}}
+{{- end -}}
 {{- $parts = append $parts (printf "\"num_speculative_tokens\":%d" (int .numSpeculativeTokens)) -}}
-{{- if not (kindIs "invalid" .draftTensorParallelSize) -}}
+{{- if and $withWeights (not (kindIs "invalid" .draftTensorParallelSize)) -}}
 {{- $parts = append $parts (printf "\"draft_tensor_parallel_size\":%d" (int .draftTensorParallelSize)) -}}
 {{- end -}}
+{{- if eq .method "ngram" -}}
 {{- if not (kindIs "invalid" .promptLookupMax) -}}
 {{- $parts = append $parts (printf "\"prompt_lookup_max\":%d" (int .promptLookupMax)) -}}
 {{- end -}}
 {{- if not (kindIs "invalid" .promptLookupMin) -}}
 {{- $parts = append $parts (printf "\"prompt_lookup_min\":%d" (int .promptLookupMin)) -}}
+{{- end -}}
 {{- end -}}
 {{- printf "{%s}" (join "," $parts) -}}
 {{- end -}}

@@ -23,7 +23,11 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 
 def _commands() -> list[Register]:
     # Sub-command modules register themselves here, one line each.
-    return []
+    from gateway import cli_serve
+
+    return [
+        cli_serve.register,
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

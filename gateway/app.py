@@ -1,0 +1,130 @@
+"""``create_app(settings)``: builds one gateway instance; nothing lives at module level.
+
+The two proxy endpoints go to :class:`gateway.proxy.ProxyRoute` (raw ASGI, the hot path); everything else
+(health, readiness, models, metrics, explain) is a thin FastAPI handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.types import Receive, Scope, Send
+
+from gateway.config import Settings
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.proxy import ProxyRoute, parse_json_object
+from gateway.reload import RulesWatcher
+from gateway.state import GatewayState
+
+log = logging.getLogger("specgate")
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+
+class SpecgateApp:
+    """The ASGI application: proxy paths to the lean route, the rest to FastAPI."""
+
+    def __init__(self, state: GatewayState, api: FastAPI) -> None:
+        self.state = state
+        self.api = api
+        self._routes = {
+            CHAT_PATH: ProxyRoute(state, "chat", CHAT_PATH),
+            COMPLETIONS_PATH: ProxyRoute(state, "completions", COMPLETIONS_PATH),
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            route = self._routes.get(scope["path"])
+            if route is not None:
+                await route(scope, receive, send)
+                return
+        await self.api(scope, receive, send)
+
+
+def create_app(
+    settings: Settings | None = None, registry: CollectorRegistry | None = None, *, rng: random.Random | None = None
+) -> SpecgateApp:
+    settings = settings or Settings()
+    registry = registry if registry is not None else CollectorRegistry()
+    state = GatewayState(settings, registry, rng)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        if settings.reload_rules and settings.rules_file is not None:
+            state.add_task(RulesWatcher(state, settings.rules_file).run(), "rules-watcher")
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    api = FastAPI(title="specgate", version="0.1.0", lifespan=lifespan)
+    api.state.gateway = state
+
+    @api.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> Response:
+        return Response(exc.to_json(), status_code=exc.status_code, media_type="application/json")
+
+    @api.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @api.get("/ready")
+    async def ready() -> JSONResponse:
+        pools = {
+            name: {"healthy": p.healthy_replicas, "total": p.total_replicas} for name, p in state.snapshot.pools.items()
+        }
+        ok = any(p.available for p in state.snapshot.pools.values())
+        details = {"ready": ok, "pools": pools, "qps_source": state.snapshot.qps_source}
+        return JSONResponse(details, status_code=200 if ok else 503)
+
+    @api.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @api.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        names = sorted(state.ruleset.models or state.pool_models)
+        return {
+            "object": "list",
+            "data": [{"id": n, "object": "model", "created": 0, "owned_by": "specgate"} for n in names],
+        }
+
+    @api.post("/v1/route/explain")
+    async def explain(request: Request) -> dict[str, Any]:
+        body = await request.body()
+        if len(body) > settings.max_body_bytes:
+            raise InvalidRequest("request body too large")
+        kind = "completions" if "prompt" in parse_json_object(body) else "chat"
+        route = ProxyRoute(state, kind, CHAT_PATH if kind == "chat" else COMPLETIONS_PATH)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        snapshot = state.snapshot
+        features, decision = route.route(body, headers)
+        return {
+            "decision": {
+                "pool": decision.pool,
+                "reason": decision.reason,
+                "rule": decision.rule,
+                "fallback": decision.fallback,
+            },
+            "features": {**asdict(features), "headers": None},
+            "snapshot": {
+                "qps": snapshot.qps,
+                "qps_source": snapshot.qps_source,
+                "qps_age_s": snapshot.qps_age_s,
+                "pools": {name: asdict(p) for name, p in snapshot.pools.items()},
+                "signals": dict(snapshot.signals),
+                "signal_ages_s": dict(snapshot.signal_ages_s),
+            },
+        }
+
+    return SpecgateApp(state, api)

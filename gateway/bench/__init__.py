@@ -1,0 +1,1 @@
+"""Benchmarks and the fake upstream they (and the tests) run against."""

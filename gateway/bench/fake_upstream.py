@@ -1,0 +1,118 @@
+"""A fast fake OpenAI-compatible upstream with controllable delays and failures (aiohttp.web).
+
+Behaviour per request comes from headers, which the gateway forwards unchanged:
+
+    x-fake-status: 500        reply with this status and an OpenAI-style error body
+    x-fake-delay: 0.2         seconds before the response head
+    x-fake-chunks: 64         stream events (stream requests) / completion tokens (non-stream)
+    x-fake-interval: 0.01     seconds between stream events
+    x-fake-stall-after: 3     stop sending (but keep the connection) after this many events
+    x-fake-reset: 1           drop the connection without answering
+
+``FakeUpstream.healthy`` switches ``/health`` between 200 and 503; ``requests`` counts what arrived and
+``cancelled`` counts streams the client went away from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+class FakeUpstream:
+    def __init__(self, model: str = "fake-model", name: str = "fake") -> None:
+        self.model = model
+        self.name = name
+        self.healthy = True
+        self.requests = 0
+        self.cancelled = 0
+        self.last_body: dict[str, Any] | None = None
+        self.last_headers: dict[str, str] = {}
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
+        return app
+
+    async def _health(self, _: web.Request) -> web.Response:
+        return web.Response(status=200 if self.healthy else 503)
+
+    async def _models(self, _: web.Request) -> web.Response:
+        data = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]}
+        return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.requests += 1
+        raw = await request.read()
+        body = orjson.loads(raw)
+        self.last_body, self.last_headers = body, dict(request.headers)
+        h = request.headers
+        if h.get("x-fake-reset"):
+            assert request.transport is not None
+            request.transport.close()
+            raise ConnectionResetError("fake reset")
+        delay = float(h.get("x-fake-delay", 0))
+        if delay:
+            await asyncio.sleep(delay)
+        status = int(h.get("x-fake-status", 200))
+        if status != 200:
+            error = {"error": {"message": f"fake upstream error {status}", "type": "BadRequestError", "code": status}}
+            return web.Response(status=status, body=orjson.dumps(error), content_type="application/json")
+        count = int(h.get("x-fake-chunks", body.get("max_tokens") or 16))
+        if not body.get("stream"):
+            return web.Response(body=self._completion(body, count), content_type="application/json")
+        return await self._stream(request, body, count, float(h.get("x-fake-interval", 0)), h.get("x-fake-stall-after"))
+
+    def _completion(self, body: dict[str, Any], count: int) -> bytes:
+        text = " ".join(["tok"] * count)
+        usage = {"prompt_tokens": 8, "completion_tokens": count, "total_tokens": 8 + count}
+        if "messages" in body:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text}
+            obj = "text_completion"
+        choice["finish_reason"] = "length"
+        return orjson.dumps(
+            {
+                "id": "cmpl-fake",
+                "object": obj,
+                "created": int(time.time()),
+                "model": self.model,
+                "choices": [choice],
+                "usage": usage,
+                "served_by": self.name,
+            }
+        )
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], count: int, interval: float, stall_after: str | None
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        chat = "messages" in body
+        try:
+            for index in range(count):
+                if stall_after is not None and index >= int(stall_after):
+                    await asyncio.sleep(3600)
+                delta = {"delta": {"content": f"t{index} "}} if chat else {"text": f"t{index} "}
+                event = {"id": "cmpl-fake", "model": self.model, "choices": [{"index": 0, **delta}]}
+                await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+                if interval:
+                    await asyncio.sleep(interval)
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage = {"prompt_tokens": 8, "completion_tokens": count, "total_tokens": 8 + count}
+                await response.write(b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled += 1
+            raise
+        return response

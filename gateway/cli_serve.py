@@ -1,0 +1,82 @@
+"""``specgate serve`` and ``specgate rules check``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.errors import RulesError
+from gateway.rules import load_rules
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--rules", type=Path, help="rules file (default: the shipped reference rules)")
+    serve.add_argument("--standard", help="standard pool replica URLs, comma-separated")
+    serve.add_argument("--speculative", help="speculative pool replica URLs, comma-separated")
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8080)")
+    serve.add_argument("--upstream-client", choices=["aiohttp", "httpx", "httpx-aiohttp"])
+    serve.set_defaults(func=run_serve)
+
+    rules = sub.add_parser("rules", help="work with rules files")
+    rules_sub = rules.add_subparsers(dest="rules_command", required=True)
+    check = rules_sub.add_parser("check", help="validate a rules file; exit 1 naming each bad key")
+    check.add_argument("file", type=Path)
+    check.set_defaults(func=run_rules_check)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    for key, value in (
+        ("rules_file", args.rules),
+        ("standard_urls", args.standard),
+        ("speculative_urls", args.speculative),
+        ("host", args.host),
+        ("port", args.port),
+        ("upstream_client", args.upstream_client),
+    ):
+        if value is not None:
+            overrides[key] = value
+    return Settings(**overrides)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+        app = create_app(settings)
+    except RulesError as exc:
+        print(f"specgate: invalid rules file {exc.source}:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level,
+        access_log=False,
+    )
+    return 0
+
+
+def run_rules_check(args: argparse.Namespace) -> int:
+    try:
+        rules = load_rules(args.file)
+    except RulesError as exc:
+        print(f"{exc.source}: invalid", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: ok ({len(rules.rules)} rules, tasks: {', '.join(rules.task_names())})")
+    return 0

@@ -1,0 +1,42 @@
+"""Process settings: environment variables (prefix ``SPECGATE_``), a ``.env`` file, or CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+UrlList = Annotated[list[str], NoDecode]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECGATE_", env_file=".env", extra="forbid")
+
+    rules_file: Path | None = None  # None: the shipped reference rules
+    standard_urls: UrlList = Field(default_factory=list)  # override the rules file's replicas
+    speculative_urls: UrlList = Field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    first_byte_timeout_s: float = Field(default=600.0, gt=0)  # until the response headers / first stream chunk
+    idle_timeout_s: float = Field(default=120.0, gt=0)  # between two stream chunks
+    upstream_client: Literal["aiohttp", "httpx", "httpx-aiohttp"] = "aiohttp"
+    max_connections: int = Field(default=0, ge=0)  # per upstream host; 0 = no limit
+
+    health_interval_s: float = Field(default=2.0, gt=0)
+    health_timeout_s: float = Field(default=2.0, gt=0)
+    snapshot_interval_s: float = Field(default=0.25, gt=0)
+    qps_window_s: float = Field(default=10.0, gt=0)
+    reload_rules: bool = True
+    log_level: str = "info"
+
+    @field_validator("standard_urls", "speculative_urls", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip().rstrip("/") for part in value.split(",") if part.strip()]
+        return value

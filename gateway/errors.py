@@ -1,0 +1,88 @@
+"""The gateway's own error tree, translated to OpenAI's error JSON at the boundary.
+
+GatewayError                      500 server_error
+├── InvalidRequest                400 invalid_request_error
+│   ├── MalformedJSON             400
+│   ├── UnknownModel              404 model_not_found
+│   └── BodyTooLarge              413
+├── NoHealthyBackend              503 service_unavailable
+└── UpstreamError                 502 upstream_error
+    ├── UpstreamConnectError      502
+    └── UpstreamTimeout           504
+
+RulesError                        a rules file that does not validate (not an HTTP error)
+"""
+
+from __future__ import annotations
+
+import orjson
+
+
+class GatewayError(Exception):
+    status_code = 500
+    error_type = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def to_json(self) -> bytes:
+        return error_body(self.message, self.error_type, self.param, self.code)
+
+
+class InvalidRequest(GatewayError):
+    status_code = 400
+    error_type = "invalid_request_error"
+
+
+class MalformedJSON(InvalidRequest):
+    code = "invalid_json"
+
+
+class UnknownModel(InvalidRequest):
+    status_code = 404
+    code = "model_not_found"
+
+
+class BodyTooLarge(InvalidRequest):
+    status_code = 413
+    code = "request_too_large"
+
+
+class NoHealthyBackend(GatewayError):
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "no_healthy_backend"
+
+
+class UpstreamError(GatewayError):
+    status_code = 502
+    error_type = "upstream_error"
+    code = "upstream_error"
+
+
+class UpstreamConnectError(UpstreamError):
+    code = "upstream_connect_error"
+
+
+class UpstreamTimeout(UpstreamError):
+    status_code = 504
+    code = "upstream_timeout"
+
+
+class RulesError(Exception):
+    """A rules file failed to load; ``problems`` are ``path: message`` lines naming the bad key."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: " + "; ".join(problems))
+
+
+def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None) -> bytes:
+    """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    return orjson.dumps({"error": {"message": message, "type": error_type, "param": param, "code": code}})

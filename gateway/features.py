@@ -1,0 +1,184 @@
+"""What the decider needs to know about one request, read from its parsed body in one pass.
+
+``extract_features`` also validates the fields it reads and raises :class:`InvalidRequest` naming the
+bad parameter, so a malformed request is rejected before any routing or forwarding happens.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.errors import InvalidRequest
+from gateway.rules import RoutingRules
+
+_CACHE_LIMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    model: str
+    max_tokens: int
+    prompt_tokens: int  # an estimate: ~4 characters per token for ASCII text, more for CJK
+    task: str
+    stream: bool
+    n: int
+    temperature: float | None
+    headers: Mapping[str, str]  # lower-case names
+
+
+class Classifier:
+    """Task type from the system prompt, then the last user message, using the rules file's cues.
+
+    The task with the most matching cues wins; ties go to the order in the file. Results for system
+    prompts are cached (they repeat across requests); user prompts are not.
+    """
+
+    def __init__(self, rules: RoutingRules) -> None:
+        self._default = rules.defaults.task
+        self._chars = rules.defaults.classify_chars
+        self._tasks = [
+            (name, tuple(k.lower() for k in cues.keywords), tuple(re.compile(p, re.I) for p in cues.patterns))
+            for name, cues in rules.tasks.items()
+        ]
+        self._system_cache: dict[str, str | None] = {}
+
+    def classify(self, system: str | None, user: str | None) -> str:
+        if system:
+            task = self._system_cache.get(system)
+            if task is None and system not in self._system_cache:
+                task = self._match(system)
+                if len(self._system_cache) >= _CACHE_LIMIT:
+                    self._system_cache.clear()
+                self._system_cache[system] = task
+            if task is not None:
+                return task
+        if user:
+            task = self._match(user)
+            if task is not None:
+                return task
+        return self._default
+
+    def _match(self, text: str) -> str | None:
+        head = text[: self._chars]
+        lowered = head.lower()
+        best, best_score = None, 0
+        for name, keywords, patterns in self._tasks:
+            score = sum(1 for k in keywords if k in lowered) + sum(1 for p in patterns if p.search(head))
+            if score > best_score:
+                best, best_score = name, score
+        return best
+
+
+def extract_features(
+    body: Mapping[str, Any],
+    kind: str,
+    headers: Mapping[str, str],
+    rules: RoutingRules,
+    classifier: Classifier,
+) -> RequestFeatures:
+    """Validate and read one request body. ``kind`` is ``"chat"`` or ``"completions"``."""
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string", param="model")
+    if kind == "chat":
+        system, user, chars = _chat_text(body.get("messages"))
+    else:
+        system, user, chars = None, *_prompt_text(body.get("prompt"))
+    return RequestFeatures(
+        model=model,
+        max_tokens=_max_tokens(body, rules.defaults.max_tokens),
+        prompt_tokens=chars,
+        task=classifier.classify(system, user),
+        stream=_optional(body, "stream", bool, False),
+        n=_positive_int(body, "n", 1),
+        temperature=_temperature(body),
+        headers=headers,
+    )
+
+
+def _chat_text(messages: Any) -> tuple[str | None, str | None, int]:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty array", param="messages")
+    system: str | None = None
+    user: str | None = None
+    tokens = 0
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"messages[{index}] must be an object with a string 'role'", param="messages")
+        text = _content_text(message.get("content"), index)
+        tokens += estimate_tokens(text) + 4
+        role = message["role"]
+        if role in ("system", "developer") and system is None:
+            system = text
+        elif role == "user":
+            user = text
+    return system, user, tokens
+
+
+def _content_text(content: Any, index: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return "\n".join(p for p in parts if isinstance(p, str))
+    raise InvalidRequest(f"messages[{index}].content must be a string or an array of parts", param="messages")
+
+
+def _prompt_text(prompt: Any) -> tuple[str | None, int]:
+    if isinstance(prompt, str):
+        return prompt, estimate_tokens(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return prompt[0], sum(estimate_tokens(p) for p in prompt)
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return None, len(prompt)
+        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+            return None, sum(len(p) for p in prompt)
+    raise InvalidRequest("'prompt' must be a string, an array of strings, or an array of token ids", param="prompt")
+
+
+def estimate_tokens(text: str) -> int:
+    """A cheap estimate: ~4 characters a token for ASCII, ~1.5 for CJK and other scripts."""
+    if text.isascii():
+        return (len(text) + 3) // 4
+    return (len(text) * 2 + 2) // 3
+
+
+def _max_tokens(body: Mapping[str, Any], default: int) -> int:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidRequest(f"'{key}' must be a positive integer", param=key)
+            return value
+    return default
+
+
+def _optional(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise InvalidRequest(f"'{key}' must be a {kind.__name__}", param=key)
+    return value
+
+
+def _positive_int(body: Mapping[str, Any], key: str, default: int) -> int:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InvalidRequest(f"'{key}' must be a positive integer", param=key)
+    return value
+
+
+def _temperature(body: Mapping[str, Any]) -> float | None:
+    value = body.get("temperature")
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise InvalidRequest("'temperature' must be a non-negative number", param="temperature")
+    return float(value)

@@ -1,0 +1,80 @@
+"""The gateway's Prometheus metrics, all on a registry passed in (never the global one)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+STEP_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "specgate_requests",
+            "Requests answered, by the pool that answered, the routing reason, the task and the HTTP status.",
+            ["pool", "reason", "task", "status"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "specgate_ttft_seconds",
+            "Time to first byte of the response body, as seen by the gateway.",
+            ["pool"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "specgate_request_duration_seconds",
+            "End-to-end request latency through the gateway.",
+            ["pool"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "specgate_tpot_seconds",
+            "Time per output token after the first (streams and usage-reporting replies).",
+            ["pool"],
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "specgate_inflight_requests", "Requests in flight per replica.", ["pool", "replica"], registry=registry
+        )
+        self.booked_tokens = Gauge(
+            "specgate_booked_tokens",
+            "Outstanding booked tokens (prompt estimate + max_tokens) per replica.",
+            ["pool", "replica"],
+            registry=registry,
+        )
+        self.replica_healthy = Gauge(
+            "specgate_replica_healthy",
+            "1 when the replica's last health check passed.",
+            ["pool", "replica"],
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "specgate_upstream_errors",
+            "Failures talking to a replica, by kind (connect, timeout, disconnect).",
+            ["pool", "replica", "kind"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "specgate_retries",
+            "Requests retried on another replica before any byte reached the client.",
+            ["from_pool", "to_pool"],
+            registry=registry,
+        )
+        self.rule_reloads = Counter(
+            "specgate_rule_reloads", "Rules file reloads by result (ok, rejected).", ["result"], registry=registry
+        )
+        self.routing_step = Histogram(
+            "specgate_routing_step_seconds",
+            "Time spent in each routing step inside the gateway.",
+            ["step"],
+            buckets=STEP_BUCKETS,
+            registry=registry,
+        )
+        self.rule_reloads.labels("ok")
+        self.rule_reloads.labels("rejected")

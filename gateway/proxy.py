@@ -1,0 +1,273 @@
+"""The two proxy endpoints as a lean ASGI route: parse -> decide -> forward -> record.
+
+FastAPI serves everything else; these two paths skip its routing and response machinery because they are
+the hot path (see ``specgate bench overhead``). Streams are relayed chunk by chunk as they arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+from gateway.decide import Decision, decide
+from gateway.errors import (
+    BodyTooLarge,
+    GatewayError,
+    MalformedJSON,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamTimeout,
+    error_body,
+)
+from gateway.features import RequestFeatures, extract_features
+from gateway.guard import Guard
+from gateway.pools import Booking, Replica
+from gateway.state import GatewayState
+from gateway.upstream import DROP_REQUEST, RawHeaders, UpstreamResponse
+
+_USAGE_KEY = b'"completion_tokens":'
+_STREAM_HEADERS: RawHeaders = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
+
+
+class ProxyRoute:
+    """ASGI app for one OpenAI endpoint (``kind`` "chat" or "completions")."""
+
+    def __init__(self, state: GatewayState, kind: str, path: str) -> None:
+        self.state = state
+        self.kind = kind
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self.state
+        started = time.perf_counter()
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            body = await read_body(receive, headers, state.settings.max_body_bytes)
+            features, decision = self.route(body, headers)
+        except GatewayError as exc:
+            await send_error(send, exc)
+            state.metrics.requests.labels("none", "rejected", "none", str(exc.status_code)).inc()
+            return
+        state.metrics.routing_step.labels("route").observe(time.perf_counter() - started)
+        state.qps.record(time.monotonic())
+        await _Relay(state, self.path, features, decision, headers, started).run(body, receive, send)
+
+    def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:
+        payload = parse_json_object(body)
+        ruleset = self.state.ruleset
+        features = extract_features(payload, self.kind, headers, ruleset.rules, ruleset.classifier)
+        self.state.check_model(features.model)
+        return features, decide(features, self.state.snapshot, ruleset.rules)
+
+
+class _Relay:
+    """Forwards one routed request, retrying once before the first byte, and records the outcome."""
+
+    def __init__(
+        self,
+        state: GatewayState,
+        path: str,
+        features: RequestFeatures,
+        decision: Decision,
+        headers: dict[str, str],
+        started: float,
+    ) -> None:
+        self.state = state
+        self.path = path
+        self.features = features
+        self.decision = decision
+        self.forward_headers = {k: v for k, v in headers.items() if k not in DROP_REQUEST}
+        self.started = started
+        self.pool = decision.pool
+        self.reason = decision.reason
+        self.status = 0
+        self.ttft: float | None = None
+        self.tokens = 0
+        self.booking: Booking | None = None
+        self.retried = False
+
+    async def run(self, body: bytes, receive: Receive, send: Send) -> None:
+        guard = self.state.sweeper.guard(self.state.settings.first_byte_timeout_s)
+        guard.watch_disconnect(receive)
+        try:
+            response, first, chunks = await self._open(body, guard)
+            await self._respond(response, first, chunks, send, guard)
+        except asyncio.CancelledError:
+            if not guard.absorb_cancel():
+                raise
+            if guard.reason == "disconnect":
+                self.status = 499
+            else:
+                self._count_error("timeout")
+                await self._fail(send, UpstreamTimeout("the upstream stopped sending"))
+        except GatewayError as exc:
+            await self._fail(send, exc)
+        finally:
+            guard.settle()
+            if self.booking is not None:
+                self.booking.release()
+            self._record()
+
+    async def _open(self, body: bytes, guard: Guard) -> tuple[UpstreamResponse, bytes, AsyncIterator[bytes] | None]:
+        """Book a replica and read the response head plus its first chunk; retry once on failure."""
+        pools = self.state.pools
+        tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
+        self.booking = pools.acquire(self.pool, tokens)
+        while True:
+            replica = self.booking.replica
+            try:
+                return await self._attempt(replica, body)
+            except asyncio.CancelledError:
+                if guard.reason != "timeout" or not guard.absorb_cancel():
+                    raise
+                error: UpstreamError = UpstreamTimeout(f"no response from the {self.pool} pool in time")
+                self._count_error("timeout")
+            except UpstreamError as exc:
+                error = exc
+                self._count_error("connect" if isinstance(exc, UpstreamConnectError) else "upstream")
+                if isinstance(exc, UpstreamConnectError):
+                    replica.set_healthy(False)
+            self.booking.release()
+            if self.retried:
+                raise error
+            self.retried = True
+            self.booking = pools.acquire_retry(self.pool, tokens, frozenset({replica}))
+            self.state.metrics.retries.labels(self.pool, self.booking.replica.pool).inc()
+            if self.booking.replica.pool != self.pool:
+                self.pool = self.booking.replica.pool
+                self.reason = f"{self.reason}; retry: {self.pool}"
+            guard.rearm(self.state.settings.first_byte_timeout_s)
+
+    async def _attempt(
+        self, replica: Replica, body: bytes
+    ) -> tuple[UpstreamResponse, bytes, AsyncIterator[bytes] | None]:
+        response = await self.state.upstream.send(replica.url + self.path, body, self.forward_headers)
+        try:
+            if not _is_event_stream(response.headers):
+                return response, await response.read(), None
+            chunks = response.chunks()
+            return response, await anext(chunks, b""), chunks
+        except BaseException:
+            await response.close()
+            raise
+
+    async def _respond(
+        self, response: UpstreamResponse, first: bytes, chunks: AsyncIterator[bytes] | None, send: Send, guard: Guard
+    ) -> None:
+        self.status = response.status
+        headers = response.headers + self._route_headers()
+        if chunks is None:
+            headers.append((b"content-length", str(len(first)).encode()))
+            guard.settle()
+            await send({"type": "http.response.start", "status": response.status, "headers": headers})
+            await send({"type": "http.response.body", "body": first})
+            self.ttft = time.perf_counter() - self.started
+            self.tokens = _usage_tokens(first) or 0
+            return
+        await send({"type": "http.response.start", "status": response.status, "headers": headers + _STREAM_HEADERS})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        self.ttft = time.perf_counter() - self.started
+        events = first.count(b"data: ")
+        usage = _usage_tokens(first)
+        loop, idle = asyncio.get_running_loop(), self.state.settings.idle_timeout_s
+        try:
+            async for chunk in chunks:
+                guard.deadline = loop.time() + idle
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                events += chunk.count(b"data: ")
+                if _USAGE_KEY in chunk:
+                    usage = _usage_tokens(chunk)
+        finally:
+            await response.close()
+        guard.settle()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self.tokens = usage or max(events - 1, 0)  # the last event is [DONE]
+
+    async def _fail(self, send: Send, exc: GatewayError) -> None:
+        if self.ttft is None:
+            self.status = exc.status_code
+            await send_error(send, exc, self._route_headers())
+            return
+        # The head already went out: end the stream with an error event, as OpenAI does mid-stream.
+        event = b"data: " + error_body(exc.message, exc.error_type, None, exc.code) + b"\n\n"
+        await send({"type": "http.response.body", "body": event, "more_body": False})
+
+    def _route_headers(self) -> RawHeaders:
+        return [
+            (b"x-specgate-pool", self.pool.encode()),
+            (b"x-specgate-reason", self.reason.encode("latin-1", "replace")),
+            (b"x-specgate-task", self.features.task.encode("latin-1", "replace")),
+        ]
+
+    def _count_error(self, kind: str) -> None:
+        replica = self.booking.replica if self.booking is not None else None
+        if replica is not None:
+            self.state.metrics.upstream_errors.labels(replica.pool, replica.url, kind).inc()
+
+    def _record(self) -> None:
+        metrics = self.state.metrics
+        metrics.requests.labels(self.pool, self.reason, self.features.task, str(self.status)).inc()
+        if self.status != 200 or self.ttft is None:
+            return
+        total = time.perf_counter() - self.started
+        metrics.ttft.labels(self.pool).observe(self.ttft)
+        metrics.duration.labels(self.pool).observe(total)
+        if self.tokens > 1:
+            metrics.tpot.labels(self.pool).observe((total - self.ttft) / (self.tokens - 1))
+
+
+def _is_event_stream(headers: RawHeaders) -> bool:
+    return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+
+
+def _usage_tokens(chunk: bytes) -> int | None:
+    """``usage.completion_tokens`` found by a byte search, without parsing the JSON."""
+    at = chunk.rfind(_USAGE_KEY)
+    if at < 0:
+        return None
+    digits = chunk[at + len(_USAGE_KEY) : at + len(_USAGE_KEY) + 12].lstrip()
+    end = 0
+    while end < len(digits) and 48 <= digits[end] <= 57:
+        end += 1
+    return int(digits[:end]) if end else None
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedJSON(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise MalformedJSON("request body must be a JSON object")
+    return payload
+
+
+async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"request body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise MalformedJSON("client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body is larger than {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def send_error(send: Send, exc: GatewayError, extra: RawHeaders | None = None) -> None:
+    body = exc.to_json()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": exc.status_code, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,248 @@
+"""The routing rules file: typed, validated, and loaded with errors that name the bad key.
+
+A rules file holds the pools' replicas, the task cues the classifier uses, and an ordered list of rules
+(first match wins). Everything here is pure data; :mod:`gateway.decide` evaluates it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.errors import RulesError
+
+PoolName = Literal["standard", "speculative"]
+Scalar = float | int | bool | str
+
+_RULE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Comparison(_Strict):
+    """One comparison on a value. A bare scalar means ``eq``, a bare list means ``in``.
+
+    A value that is unknown (a pool never scraped, a missing header) matches nothing.
+    """
+
+    lt: float | None = None
+    le: float | None = None
+    gt: float | None = None
+    ge: float | None = None
+    eq: Scalar | None = None
+    ne: Scalar | None = None
+    in_: tuple[Scalar, ...] | None = Field(default=None, alias="in")
+    not_in: tuple[Scalar, ...] | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return {"in": list(value)}
+        if isinstance(value, float | int | bool | str):
+            return {"eq": value}
+        return value
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> Comparison:
+        if not self.model_fields_set:
+            raise ValueError("a comparison needs at least one of lt, le, gt, ge, eq, ne, in, not_in")
+        return self
+
+    def matches(self, value: Scalar | None) -> bool:
+        if value is None:
+            return False
+        if self.in_ is not None and value not in self.in_:
+            return False
+        if self.not_in is not None and value in self.not_in:
+            return False
+        if self.eq is not None and value != self.eq:
+            return False
+        if self.ne is not None and value == self.ne:
+            return False
+        if self.lt is not None or self.le is not None or self.gt is not None or self.ge is not None:
+            return _numeric_matches(self, value)
+        return True
+
+
+def _numeric_matches(cmp: Comparison, value: Scalar) -> bool:
+    if isinstance(value, str):
+        return False
+    number = float(value)
+    return not (
+        (cmp.lt is not None and not number < cmp.lt)
+        or (cmp.le is not None and not number <= cmp.le)
+        or (cmp.gt is not None and not number > cmp.gt)
+        or (cmp.ge is not None and not number >= cmp.ge)
+    )
+
+
+class PoolCondition(_Strict):
+    """Conditions on one pool's live state (see :class:`gateway.snapshot.PoolSnapshot`)."""
+
+    healthy_replicas: Comparison | None = None
+    running: Comparison | None = None
+    waiting: Comparison | None = None
+    kv_cache_usage: Comparison | None = None
+    acceptance_rate: Comparison | None = None
+    acceptance_length: Comparison | None = None
+
+
+class When(_Strict):
+    """All present conditions must hold (AND). An empty ``when`` always matches."""
+
+    max_tokens: Comparison | None = None
+    prompt_tokens: Comparison | None = None
+    task: Comparison | None = None
+    model: Comparison | None = None
+    stream: bool | None = None
+    n: Comparison | None = None
+    temperature: Comparison | None = None
+    qps: Comparison | None = None
+    headers: dict[str, Comparison] = Field(default_factory=dict)
+    pools: dict[PoolName, PoolCondition] = Field(default_factory=dict)
+    signals: dict[str, Comparison] = Field(default_factory=dict)
+
+    @field_validator("headers")
+    @classmethod
+    def _lowercase_headers(cls, value: dict[str, Comparison]) -> dict[str, Comparison]:
+        return {name.lower(): cmp for name, cmp in value.items()}
+
+
+class Rule(_Strict):
+    name: str = Field(pattern=_RULE_NAME, max_length=64)
+    description: str = ""
+    when: When = Field(default_factory=When)
+    pool: PoolName
+
+
+class TaskCues(_Strict):
+    """Cues for one task type. ``keywords`` match case-insensitively as substrings; ``patterns`` are regexes."""
+
+    keywords: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for index, pattern in enumerate(value):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {index} does not compile: {exc}") from exc
+        return value
+
+
+class PoolConfig(_Strict):
+    replicas: tuple[str, ...] = ()
+
+    @field_validator("replicas")
+    @classmethod
+    def _urls(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for url in value:
+            if not re.match(r"^https?://[^/\s]+", url):
+                raise ValueError(f"replica {url!r} is not an http(s) URL")
+        return tuple(url.rstrip("/") for url in value)
+
+
+class Defaults(_Strict):
+    max_tokens: int = Field(default=256, ge=1)
+    task: str = "chat"
+    classify_chars: int = Field(default=4000, ge=100)
+
+
+class RoutingRules(_Strict):
+    version: Literal[1] = 1
+    pools: dict[PoolName, PoolConfig] = Field(default_factory=dict)
+    models: tuple[str, ...] = ()
+    defaults: Defaults = Field(default_factory=Defaults)
+    tasks: dict[str, TaskCues] = Field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+    default_pool: PoolName = "standard"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RoutingRules:
+        names = [rule.name for rule in self.rules]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"rule names must be unique; repeated: {', '.join(duplicates)}")
+        known = set(self.tasks) | {self.defaults.task}
+        for index, rule in enumerate(self.rules):
+            for task in _task_values(rule.when.task):
+                if task not in known:
+                    raise ValueError(
+                        f"rules.{index}.when.task: unknown task {task!r} (known: {', '.join(sorted(known))})"
+                    )
+        return self
+
+    def task_names(self) -> list[str]:
+        return [*self.tasks, self.defaults.task]
+
+    def with_replicas(self, standard: Sequence[str], speculative: Sequence[str]) -> RoutingRules:
+        """The same rules with the given replicas in place of the file's (empty lists keep the file's)."""
+        pools = dict(self.pools)
+        for name, urls in (("standard", standard), ("speculative", speculative)):
+            if urls:
+                pools[name] = PoolConfig(replicas=tuple(urls))  # type: ignore[index]
+        return self.model_copy(update={"pools": pools})
+
+
+def _task_values(cmp: Comparison | None) -> Iterable[Scalar]:
+    if cmp is None:
+        return ()
+    values: list[Scalar] = []
+    for group in (cmp.in_, cmp.not_in):
+        values.extend(group or ())
+    values.extend(v for v in (cmp.eq, cmp.ne) if v is not None)
+    return [v for v in values if isinstance(v, str)]
+
+
+def parse_rules(data: Any, source: str = "<rules>") -> RoutingRules:
+    if not isinstance(data, dict):
+        raise RulesError(source, ["(top level): expected a mapping"])
+    try:
+        return RoutingRules.model_validate(data)
+    except ValidationError as exc:
+        raise RulesError(source, format_validation_error(exc)) from exc
+
+
+def load_rules(path: str | Path) -> RoutingRules:
+    """Load and validate a rules file; raise :class:`RulesError` whose lines name each bad key's path."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise RulesError(source, [f"cannot read: {exc.strerror or exc}"]) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RulesError(source, [f"invalid YAML: {exc}"]) from exc
+    return parse_rules(data, source)
+
+
+def default_rules_path() -> Path:
+    return Path(str(resources.files("gateway") / "rules.yaml"))
+
+
+def default_rules() -> RoutingRules:
+    """The shipped reference policy (gateway/rules.yaml)."""
+    return load_rules(default_rules_path())
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(part) for part in err["loc"] if not str(part).startswith("function-"))
+        message = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{path or '(top level)'}: {message}")
+    return lines

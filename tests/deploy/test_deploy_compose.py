@@ -36,9 +36,7 @@ def raw_compose() -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-def test_config_is_valid_for_each_profile(
-    docker_compose: Path, compose_env: dict[str, str], profile: str
-) -> None:
+def test_config_is_valid_for_each_profile(docker_compose: Path, compose_env: dict[str, str], profile: str) -> None:
     result = compose(docker_compose, compose_env, "--profile", profile, "config", "-q")
     assert result.returncode == 0, result.stderr
 
@@ -115,9 +113,7 @@ def test_config_fails_for_a_broken_variant(
     assert error in result.stderr
 
 
-def test_unmodified_copy_still_passes(
-    docker_compose: Path, compose_env: dict[str, str], tmp_path: Path
-) -> None:
+def test_unmodified_copy_still_passes(docker_compose: Path, compose_env: dict[str, str], tmp_path: Path) -> None:
     # The broken-variant tests only mean something if the same round trip of the good file passes.
     copy_file = tmp_path / "docker-compose.yml"
     copy_file.write_text(yaml.safe_dump(raw_compose(), sort_keys=False))
@@ -173,9 +169,7 @@ def test_every_replica_in_the_rules_file_has_a_service_in_each_profile(
             assert host in aliases, f"{url}: no {profile} service answers to {host}"
 
 
-def test_rules_directory_is_mounted_so_edits_reload(
-    docker_compose: Path, compose_env: dict[str, str]
-) -> None:
+def test_rules_directory_is_mounted_so_edits_reload(docker_compose: Path, compose_env: dict[str, str]) -> None:
     gateway = resolved(docker_compose, compose_env, "emulated")["services"]["gateway"]
     (mount,) = [v for v in gateway["volumes"] if v["target"] == "/etc/specgate"]
     assert mount["type"] == "bind" and Path(mount["source"]).is_dir()
@@ -185,9 +179,7 @@ def test_rules_directory_is_mounted_so_edits_reload(
     assert gateway["environment"]["SPECGATE_PROMETHEUS_URL"] == "http://prometheus:9090"
 
 
-def test_monitoring_mounts_point_at_the_repository_folders(
-    docker_compose: Path, compose_env: dict[str, str]
-) -> None:
+def test_monitoring_mounts_point_at_the_repository_folders(docker_compose: Path, compose_env: dict[str, str]) -> None:
     services = resolved(docker_compose, compose_env, "emulated")["services"]
     mounts = {
         (name, v["target"]): v["source"]

@@ -1,0 +1,125 @@
+"""One source of truth: the compose file's vLLM services and the Helm chart's pools are what
+`specgate backends render` makes of backends/pools/*.yaml, and both ship rules the gateway accepts."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.rules import RoutingRules, default_rules, load_rules, parse_rules
+from tests.deploy.conftest import CHART_DIR, COMPOSE_FILE, REPO_ROOT, load_documents, run_tool
+
+POOLS = ["standard", "speculative"]
+# Helm value sets whose speculative pool mirrors a shipped example manifest.
+EXAMPLE_SETS = {
+    "tp2": "backends/pools/examples/ngram-qwen14b-tp2.yaml",
+    "tp4": "backends/pools/examples/llama70b-draft8b.yaml",
+}
+COMPOSE_KEYS_FROM_RENDERER = ["image", "entrypoint", "command", "environment", "volumes", "shm_size", "healthcheck"]
+
+
+def specgate_render(pool: str, fmt: str) -> Any:
+    """`specgate backends render POOL --format FMT`, through the real CLI."""
+    return yaml.safe_load(_render_text(pool, fmt))
+
+
+@functools.cache
+def _render_text(pool: str, fmt: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "backends", "render", pool, "--format", fmt],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def compose_services() -> dict[str, Any]:
+    services: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
+    return services
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_compose_vllm_services_equal_the_rendered_service(pool: str) -> None:
+    (rendered,) = specgate_render(pool, "compose")["services"].values()
+    replicas = {name: svc for name, svc in compose_services().items() if name.startswith(f"vllm-{pool}-")}
+    assert len(replicas) == rendered["deploy"]["replicas"]
+    (rendered_device,) = rendered["deploy"]["resources"]["reservations"]["devices"]
+    for name, service in replicas.items():
+        for key in COMPOSE_KEYS_FROM_RENDERER:
+            assert service[key] == rendered[key], f"{name}.{key} differs from `specgate backends render`"
+        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert len(device["device_ids"]) == rendered_device["count"], name
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_helm_default_values_equal_the_rendered_helm_values(pool: str) -> None:
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert values["pools"][pool] == specgate_render(pool, "helm-values")
+
+
+@pytest.mark.parametrize("value_set", sorted(EXAMPLE_SETS))
+def test_helm_value_sets_equal_the_example_manifests(value_set: str) -> None:
+    values = yaml.safe_load((CHART_DIR / "ci" / f"{value_set}-values.yaml").read_text())
+    assert values["pools"]["speculative"] == specgate_render(EXAMPLE_SETS[value_set], "helm-values")
+
+
+def _helm_pool_argv(helm: Path, pool: str, *args: str) -> list[str]:
+    result = run_tool([helm, "template", "rel", CHART_DIR, *args])
+    assert result.returncode == 0, result.stderr
+    deployments = [
+        d
+        for d in load_documents(result.stdout)
+        if d["kind"] == "Deployment" and d["metadata"]["labels"].get("specgate.io/pool") == pool
+    ]
+    assert deployments
+    argvs = [d["spec"]["template"]["spec"]["containers"][0] for d in deployments]
+    first = argvs[0]["command"] + argvs[0]["args"]
+    assert all(c["command"] + c["args"] == first for c in argvs)
+    return [str(part) for part in first]
+
+
+@pytest.mark.tools
+@pytest.mark.parametrize("pool", POOLS)
+def test_helm_vllm_command_equals_the_rendered_argv(helm: Path, pool: str) -> None:
+    assert _helm_pool_argv(helm, pool) == specgate_render(pool, "argv")
+
+
+@pytest.mark.tools
+@pytest.mark.parametrize("value_set", sorted(EXAMPLE_SETS))
+def test_helm_value_set_command_equals_the_example_argv(helm: Path, value_set: str) -> None:
+    argv = _helm_pool_argv(helm, "speculative", "-f", str(CHART_DIR / "ci" / f"{value_set}-values.yaml"))
+    assert argv == specgate_render(EXAMPLE_SETS[value_set], "argv")
+
+
+def _without_pools(rules: RoutingRules) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(rules.model_dump_json(exclude={"pools"}))
+    return data
+
+
+def test_compose_rules_are_the_reference_policy_with_the_compose_pools() -> None:
+    rules = load_rules(REPO_ROOT / "deploy" / "compose" / "rules.yaml")
+    assert _without_pools(rules) == _without_pools(default_rules())
+    assert all(len(rules.pools[pool].replicas) >= 1 for pool in POOLS)
+
+
+@pytest.mark.tools
+@pytest.mark.parametrize("value_set", ["default", "tp2", "emulated"])
+def test_helm_rules_configmap_is_a_valid_rules_file(helm: Path, value_set: str) -> None:
+    extra = [] if value_set == "default" else ["-f", str(CHART_DIR / "ci" / f"{value_set}-values.yaml")]
+    result = run_tool([helm, "template", "rel", CHART_DIR, "--show-only", "templates/gateway-configmap.yaml", *extra])
+    assert result.returncode == 0, result.stderr
+    rules = parse_rules(yaml.safe_load(yaml.safe_load(result.stdout)["data"]["rules.yaml"]), "configmap")
+    assert _without_pools(rules) == _without_pools(default_rules())
+    for pool in POOLS:
+        assert len(rules.pools[pool].replicas) >= 1

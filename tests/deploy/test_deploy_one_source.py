@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from gateway.cli import main
 from gateway.rules import RoutingRules, default_rules, load_rules, parse_rules
 from tests.deploy.conftest import CHART_DIR, COMPOSE_FILE, REPO_ROOT, load_documents, run_tool
 
@@ -26,22 +27,17 @@ COMPOSE_KEYS_FROM_RENDERER = ["image", "entrypoint", "command", "environment", "
 
 
 def specgate_render(pool: str, fmt: str) -> Any:
-    """`specgate backends render POOL --format FMT`, through the real CLI."""
+    """What `specgate backends render POOL --format FMT` prints (the CLI's own entry point, in-process)."""
     return yaml.safe_load(_render_text(pool, fmt))
 
 
 @functools.cache
 def _render_text(pool: str, fmt: str) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "backends", "render", pool, "--format", fmt],
-        capture_output=True,
-        text=True,
-        cwd=REPO_ROOT,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exit_code = main(["backends", "render", pool, "--format", fmt])
+    assert exit_code == 0
+    return out.getvalue()
 
 
 def compose_services() -> dict[str, Any]:

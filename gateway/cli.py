@@ -23,10 +23,11 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 
 def _commands() -> list[Register]:
     # Sub-command modules register themselves here, one line each.
-    from gateway import cli_backends, cli_serve
+    from gateway import cli_backends, cli_bench, cli_serve
 
     return [
         cli_serve.register,
+        cli_bench.register,
         cli_backends.register,
     ]
 

@@ -58,6 +58,7 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"  {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # health checks would log every poll
     uvicorn.run(
         app,
         host=settings.host,

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 UrlList = Annotated[list[str], NoDecode]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SPECGATE_", env_file=".env", extra="forbid")
+    """Unknown ``SPECGATE_*`` variables and unknown keyword arguments are errors that name the key; other
+    entries of a shared ``.env`` (``HF_TOKEN`` for docker compose, say) are left alone."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECGATE_", env_file=".env", extra="ignore")
+
+    def __init__(self, **values: Any) -> None:
+        unknown = sorted(k for k in values if not k.startswith("_") and k not in type(self).model_fields)
+        if unknown:
+            raise ValueError(f"unknown setting(s): {', '.join(unknown)}")
+        super().__init__(**values)
 
     rules_file: Path | None = None  # None: the shipped reference rules
     standard_urls: UrlList = Field(default_factory=list)  # override the rules file's replicas
@@ -33,6 +43,18 @@ class Settings(BaseSettings):
     qps_window_s: float = Field(default=10.0, gt=0)
     reload_rules: bool = True
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _no_unknown_environment(self) -> Settings:
+        prefix = "SPECGATE_"
+        unknown = sorted(
+            key
+            for key in os.environ
+            if key.startswith(prefix) and key[len(prefix) :].lower() not in type(self).model_fields
+        )
+        if unknown:
+            raise ValueError(f"unknown environment variable(s): {', '.join(unknown)}")
+        return self
 
     @field_validator("standard_urls", "speculative_urls", mode="before")
     @classmethod

@@ -18,11 +18,11 @@ log = logging.getLogger("specgate.health")
 
 
 class HealthChecker:
-    def __init__(self, pools: PoolSet, interval_s: float, timeout_s: float, on_change: Callable[[], None]) -> None:
+    def __init__(self, pools: PoolSet, interval_s: float, timeout_s: float, on_round: Callable[[], None]) -> None:
         self._pools = pools
         self._interval_s = interval_s
         self._timeout_s = timeout_s
-        self._on_change = on_change
+        self._on_round = on_round
 
     async def run(self) -> None:
         async with httpx.AsyncClient(timeout=self._timeout_s) as client:
@@ -33,17 +33,13 @@ class HealthChecker:
     async def check_all(self, client: httpx.AsyncClient) -> None:
         replicas = self._pools.replicas()
         results = await asyncio.gather(*(self._check(client, r) for r in replicas))
-        changed = False
         for replica, (healthy, models) in zip(replicas, results, strict=True):
             if healthy != replica.healthy:
                 log.warning("replica %s (%s) is now %s", replica.url, replica.pool, "up" if healthy else "down")
                 replica.set_healthy(healthy)
-                changed = True
-            if models is not None and models != replica.models:
+            if models is not None:
                 replica.models = models
-                changed = True
-        if changed:
-            self._on_change()
+        self._on_round()
 
     async def _check(self, client: httpx.AsyncClient, replica: Replica) -> tuple[bool, tuple[str, ...] | None]:
         try:

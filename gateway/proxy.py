@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -30,6 +30,7 @@ from gateway.pools import Booking, Replica
 from gateway.state import GatewayState
 from gateway.upstream import DROP_REQUEST, RawHeaders, UpstreamResponse
 
+ChunkReader = Callable[[], Awaitable[bytes]]
 _USAGE_KEY = b'"completion_tokens":'
 _STREAM_HEADERS: RawHeaders = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 
@@ -113,7 +114,7 @@ class _Relay:
                 self.booking.release()
             self._record()
 
-    async def _open(self, body: bytes, guard: Guard) -> tuple[UpstreamResponse, bytes, AsyncIterator[bytes] | None]:
+    async def _open(self, body: bytes, guard: Guard) -> tuple[UpstreamResponse, bytes, ChunkReader | None]:
         """Book a replica and read the response head plus its first chunk; retry once on failure."""
         pools = self.state.pools
         tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
@@ -143,21 +144,22 @@ class _Relay:
                 self.reason = f"{self.reason}; retry: {self.pool}"
             guard.rearm(self.state.settings.first_byte_timeout_s)
 
-    async def _attempt(
-        self, replica: Replica, body: bytes
-    ) -> tuple[UpstreamResponse, bytes, AsyncIterator[bytes] | None]:
+    async def _attempt(self, replica: Replica, body: bytes) -> tuple[UpstreamResponse, bytes, ChunkReader | None]:
         response = await self.state.upstream.send(replica.url + self.path, body, self.forward_headers)
         try:
             if not _is_event_stream(response.headers):
                 return response, await response.read(), None
-            chunks = response.chunks()
-            return response, await anext(chunks, b""), chunks
+            reader = response.reader()
+            return response, await reader(), reader
+        except response.read_errors as exc:
+            await response.close()
+            raise UpstreamError(f"upstream broke off the response: {exc}") from exc
         except BaseException:
             await response.close()
             raise
 
     async def _respond(
-        self, response: UpstreamResponse, first: bytes, chunks: AsyncIterator[bytes] | None, send: Send, guard: Guard
+        self, response: UpstreamResponse, first: bytes, chunks: ChunkReader | None, send: Send, guard: Guard
     ) -> None:
         self.status = response.status
         headers = response.headers + self._route_headers()
@@ -175,13 +177,16 @@ class _Relay:
         events = first.count(b"data: ")
         usage = _usage_tokens(first)
         loop, idle = asyncio.get_running_loop(), self.state.settings.idle_timeout_s
+        guard.deadline = loop.time() + idle
         try:
-            async for chunk in chunks:
+            while chunk := await chunks():
                 guard.deadline = loop.time() + idle
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 events += chunk.count(b"data: ")
                 if _USAGE_KEY in chunk:
                     usage = _usage_tokens(chunk)
+        except response.read_errors as exc:
+            raise UpstreamError(f"upstream broke off the stream: {exc}") from exc
         finally:
             await response.close()
         guard.settle()

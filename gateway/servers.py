@@ -71,7 +71,9 @@ class ThreadServer:
 
     async def _serve_aiohttp(self) -> None:
         assert self._stop is not None
-        runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
+        runner = web.AppRunner(
+            self.app, handle_signals=False, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+        )
         await runner.setup()
         await web.SockSite(runner, self._sock).start()
         self._started.set()

@@ -48,6 +48,7 @@ class GatewayState:
         self.ruleset = self._build_ruleset(self.read_rules())
         self.pool_models: frozenset[str] = frozenset()
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
+        self.health_rounds = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- rules ---------------------------------------------------------------------------------------
@@ -77,6 +78,10 @@ class GatewayState:
             pools=self.pools.pool_snapshots(), qps=self.qps.rate(time.monotonic()), qps_source="local", qps_age_s=0.0
         )
 
+    def _health_round(self) -> None:
+        self.health_rounds += 1
+        self.refresh_snapshot()
+
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.snapshot_interval_s)
@@ -89,7 +94,7 @@ class GatewayState:
     async def start(self) -> None:
         await self.upstream.start()
         checker = HealthChecker(
-            self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self.refresh_snapshot
+            self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self._health_round
         )
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")

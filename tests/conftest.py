@@ -1,10 +1,26 @@
-"""Shared fixtures. Every test starts with no SPECGATE_* variables in its environment."""
+"""Shared fixtures. Every test starts with no SPECGATE_* variables in its environment.
+
+``upstreams`` runs two fake OpenAI upstreams (one per pool) on loopback; ``gateway`` builds and serves a
+real gateway (uvicorn, lifespan and all) in front of them and checks, after the test, that every booked
+slot was given back.
+"""
 
 from __future__ import annotations
 
 import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.app import SpecgateApp, create_app
+from gateway.bench.fake_upstream import FakeUpstream
+from gateway.config import Settings
+from gateway.servers import ThreadServer
 
 
 @pytest.fixture(autouse=True)
@@ -12,3 +28,74 @@ def _clean_specgate_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("SPECGATE_"):
             monkeypatch.delenv(key, raising=False)
+
+
+@dataclass
+class Upstreams:
+    standard: FakeUpstream
+    speculative: FakeUpstream
+    standard_url: str
+    speculative_url: str
+
+
+@pytest.fixture
+def upstreams() -> Iterator[Upstreams]:
+    std, spec = FakeUpstream(name="standard"), FakeUpstream(name="speculative")
+    with ThreadServer(std.app()) as s1, ThreadServer(spec.app()) as s2:
+        yield Upstreams(std, spec, s1.url, s2.url)
+
+
+@dataclass
+class Gateway:
+    url: str
+    app: SpecgateApp
+    registry: CollectorRegistry
+
+    def sample(self, name: str, **labels: str) -> float:
+        return self.registry.get_sample_value(name, labels) or 0.0
+
+
+def dead_url() -> str:
+    """A loopback URL nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def gateway(upstreams: Upstreams) -> Iterator[Callable[..., Gateway]]:
+    servers: list[tuple[ThreadServer, SpecgateApp]] = []
+
+    def start(**overrides: Any) -> Gateway:
+        values: dict[str, Any] = {
+            "standard_urls": [upstreams.standard_url],
+            "speculative_urls": [upstreams.speculative_url],
+            "health_interval_s": 0.1,
+            "health_timeout_s": 0.5,
+            "snapshot_interval_s": 0.05,
+        }
+        values.update(overrides)
+        registry = CollectorRegistry()
+        app = create_app(Settings(_env_file=None, **values), registry)  # type: ignore[call-arg]
+        server = ThreadServer(app).start()
+        servers.append((server, app))
+        wait_for(lambda: app.state.health_rounds > 0, what="first health check")
+        return Gateway(server.url, app, registry)
+
+    yield start
+    try:
+        for _, app in servers:
+            wait_for(lambda app=app: app.state.pools.total_booked() == 0, 5.0, "bookings back to zero")  # type: ignore[misc]
+            assert all(r.inflight == 0 for r in app.state.pools.replicas())
+    finally:
+        for server, _ in servers:
+            server.stop()

@@ -116,3 +116,22 @@ class FakeUpstream:
             self.cancelled += 1
             raise
         return response
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m gateway.bench.fake_upstream --port N``: serve the fake on loopback (for benchmarks)."""
+    import argparse
+
+    import uvloop
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="fake-model")
+    args = parser.parse_args(argv)
+    uvloop.install()
+    web.run_app(FakeUpstream(args.model).app(), host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""The overhead benchmark runs end to end (tiny scale; the real figures come from `specgate bench overhead`)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from gateway.bench.overhead import Scenario, render, run, scenarios
+
+
+def test_overhead_benchmark_runs_every_target_kind() -> None:
+    plan = [Scenario("non-stream c2", False, 2, 8, 0.0, 30), Scenario("stream c2", True, 2, 8, 0.001, 30)]
+    console = Console(record=True, width=200)
+    results = run(["direct", "minimal-aiohttp-proxy", "specgate"], plan, console)
+    assert len(results) == 6
+    assert all(r.errors == 0 and r.requests == 30 for r in results)
+    proxied = [r for r in results if r.target != "direct"]
+    assert all(r.cpu_ms_per_request is not None and r.cpu_ms_per_request >= 0 for r in proxied)
+    render(results, console)
+    assert "vs direct" in console.export_text()
+
+
+def test_scenarios_cover_paced_streams_at_high_concurrency() -> None:
+    plan = scenarios(1.0, [1, 64, 256])
+    assert any(s.interval_s > 0 and s.concurrency == 256 for s in plan)
+    assert {s.stream for s in plan} == {True, False}

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gateway.errors import InvalidRequest
+from gateway.features import Classifier, estimate_tokens, extract_features
+from gateway.rules import default_rules
+
+RULES = default_rules()
+
+
+def chat(user: str, system: str | None = None, **extra: Any) -> dict[str, Any]:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    return {"model": "m", "messages": messages, **extra}
+
+
+CASES = [
+    # (system prompt, user prompt, expected task)
+    ("You are a professional translator.", "The weather is nice today.", "translation"),
+    ("你是一个专业的翻译。", "今天天气很好。", "translation"),
+    (None, "请把下面这段话翻译成英文：我们明天开会。", "translation"),
+    (None, "Translate into French: where is the station?", "translation"),
+    ("Summarize the following article in three bullet points.", "Long article text ...", "summarization"),
+    (None, "请总结这篇文章的要点：人工智能正在改变医疗行业。", "summarization"),
+    (None, "帮我写一段摘要", "summarization"),
+    (None, "TL;DR of this thread please: ...", "summarization"),
+    ("You are a coding assistant.", "Make it faster.", "code"),
+    (None, "Write a function that reverses a linked list in Python.", "code"),
+    (None, "用Python写一个快速排序的函数", "code"),
+    (None, "请帮我重构这段代码", "code"),
+    (None, "Why does this fail?\n```js\nconst x = y.map(f)\n```", "code"),
+    (None, "Tell me a story about a dragon who loves tea.", "chat"),
+    (None, "你好，最近怎么样？", "chat"),
+    ("You are a friendly assistant.", "What should I cook tonight?", "chat"),
+    # the system prompt decides before the user prompt does
+    ("You are a professional translator.", "Write a poem about spring.", "translation"),
+]
+
+
+@pytest.mark.parametrize(("system", "user", "task"), CASES, ids=[f"{t}:{u[:24]}" for _, u, t in CASES])
+def test_classifier(system: str | None, user: str, task: str) -> None:
+    assert Classifier(RULES).classify(system, user) == task
+
+
+def test_system_prompt_classification_is_cached() -> None:
+    classifier = Classifier(RULES)
+    system = "You are a professional translator."
+    assert classifier.classify(system, "x") == "translation"
+    assert system in classifier._system_cache
+    classifier._system_cache[system] = "code"  # a cached answer is used without re-reading the cues
+    assert classifier.classify(system, "x") == "code"
+
+
+def features(body: dict[str, Any], kind: str = "chat") -> Any:
+    return extract_features(body, kind, {}, RULES, Classifier(RULES))
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [({}, 256), ({"max_tokens": 40}, 40), ({"max_completion_tokens": 30, "max_tokens": 99}, 30)],
+)
+def test_max_tokens(extra: dict[str, Any], expected: int) -> None:
+    assert features(chat("hi", **extra)).max_tokens == expected
+
+
+def test_features_from_a_full_body() -> None:
+    f = features(chat("Translate: hello", stream=True, n=2, temperature=0.7, model="x"))
+    assert (f.model, f.stream, f.n, f.temperature, f.task) == ("x", True, 2, 0.7, "translation")
+    assert f.prompt_tokens > 0
+
+
+def test_completions_prompt_forms() -> None:
+    assert features({"model": "m", "prompt": "Summarize: abc"}, "completions").task == "summarization"
+    assert features({"model": "m", "prompt": [1, 2, 3]}, "completions").prompt_tokens == 3
+    assert features({"model": "m", "prompt": [[1, 2], [3]]}, "completions").prompt_tokens == 3
+
+
+def test_content_parts_are_read() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "翻译成英文：你好"}]}]}
+    assert features(body).task == "translation"
+
+
+BAD = [
+    ({"model": 3, "messages": [{"role": "user", "content": "x"}]}, "model"),
+    ({"model": "m"}, "messages"),
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": ["hi"]}, "messages"),
+    ({"model": "m", "messages": [{"role": "user", "content": 5}]}, "messages"),
+    (chat("x", max_tokens="10"), "max_tokens"),
+    (chat("x", max_tokens=0), "max_tokens"),
+    (chat("x", max_tokens=True), "max_tokens"),
+    (chat("x", max_completion_tokens=-1), "max_completion_tokens"),
+    (chat("x", stream="yes"), "stream"),
+    (chat("x", n=0), "n"),
+    (chat("x", temperature="hot"), "temperature"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), BAD, ids=[p for _, p in BAD])
+def test_bad_fields_name_the_param(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        features(body)
+    assert info.value.param == param
+    assert info.value.status_code == 400
+
+
+def test_bad_prompt() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        features({"model": "m", "prompt": {"x": 1}}, "completions")
+    assert info.value.param == "prompt"
+
+
+def test_token_estimate_scales_with_script() -> None:
+    assert estimate_tokens("a" * 400) == 100
+    assert estimate_tokens("汉" * 300) == 200

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.errors import NoHealthyBackend
+from gateway.metrics import GatewayMetrics
+from gateway.pools import PoolSet
+
+
+def make(standard: list[str], speculative: list[str] | None = None) -> PoolSet:
+    pools = PoolSet(GatewayMetrics(CollectorRegistry()), random.Random(7))
+    pools.configure({"standard": standard, "speculative": speculative or []})
+    return pools
+
+
+def test_booking_is_released_exactly_once() -> None:
+    pools = make(["http://a:1"])
+    booking = pools.acquire("standard", 100)
+    assert pools.total_booked() == 100
+    booking.release()
+    booking.release()
+    assert pools.total_booked() == 0
+    assert pools.pools["standard"].replicas[0].inflight == 0
+
+
+def test_power_of_two_choices_prefers_less_booked() -> None:
+    pools = make(["http://a:1", "http://b:1"])
+    a, b = pools.pools["standard"].replicas
+    a.book(10_000)
+    picks = [pools.acquire("standard", 1).replica for _ in range(50)]
+    assert all(p is b for p in picks)
+
+
+def test_load_spreads_over_replicas() -> None:
+    pools = make([f"http://r{i}:1" for i in range(4)])
+    for _ in range(400):
+        pools.acquire("standard", 10)
+    booked = [r.booked_tokens for r in pools.pools["standard"].replicas]
+    assert max(booked) - min(booked) <= 50, booked
+
+
+def test_unhealthy_replicas_are_skipped_and_none_left_raises() -> None:
+    pools = make(["http://a:1", "http://b:1"])
+    a, b = pools.pools["standard"].replicas
+    a.set_healthy(False)
+    assert {pools.acquire("standard", 1).replica for _ in range(10)} == {b}
+    b.set_healthy(False)
+    with pytest.raises(NoHealthyBackend):
+        pools.acquire("standard", 1)
+
+
+def test_retry_prefers_same_pool_then_other() -> None:
+    pools = make(["http://a:1", "http://b:1"], ["http://s:1"])
+    a, b = pools.pools["standard"].replicas
+    assert pools.acquire_retry("standard", 1, frozenset({a})).replica is b
+    assert pools.acquire_retry("standard", 1, frozenset({a, b})).replica.pool == "speculative"
+
+
+def test_reconfigure_keeps_bookings_of_known_replicas() -> None:
+    pools = make(["http://a:1"])
+    booking = pools.acquire("standard", 50)
+    pools.configure({"standard": ["http://a:1", "http://c:1"], "speculative": []})
+    assert pools.pools["standard"].replicas[0] is booking.replica
+    booking.release()
+    assert pools.total_booked() == 0
+
+
+def test_pool_snapshots_count_health() -> None:
+    pools = make(["http://a:1", "http://b:1"], ["http://s:1"])
+    pools.pools["standard"].replicas[0].set_healthy(False)
+    snaps = pools.pool_snapshots()
+    assert (snaps["standard"].healthy_replicas, snaps["standard"].total_replicas) == (1, 2)
+    assert snaps["speculative"].available

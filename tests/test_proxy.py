@@ -1,0 +1,252 @@
+"""The gateway as a real HTTP server in front of fake upstreams: routing, streaming, errors, retries."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Gateway, Upstreams, dead_url, wait_for
+
+StartGateway = Callable[..., Gateway]
+
+
+def chat(content: str, **extra: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "messages": [{"role": "user", "content": content}], **extra}
+
+
+def test_routes_by_task_with_transparency_headers(gateway: StartGateway, upstreams: Upstreams) -> None:
+    gw = gateway()
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/chat/completions", json=chat("Translate into English: 你好"))
+        assert r.status_code == 200
+        assert (r.headers["x-specgate-pool"], r.headers["x-specgate-task"]) == ("speculative", "translation")
+        assert r.headers["x-specgate-reason"] == "draft-friendly-task"
+        assert r.json()["served_by"] == "speculative"
+        r = client.post("/v1/chat/completions", json=chat("How are you?"))
+        assert (r.headers["x-specgate-pool"], r.headers["x-specgate-reason"]) == ("standard", "default")
+        assert r.json()["served_by"] == "standard"
+    assert (
+        gw.sample(
+            "specgate_requests_total",
+            pool="speculative",
+            reason="draft-friendly-task",
+            task="translation",
+            status="200",
+        )
+        == 1
+    )
+
+
+def test_body_and_headers_are_forwarded_unchanged(gateway: StartGateway, upstreams: Upstreams) -> None:
+    gw = gateway()
+    body = chat("hello", max_tokens=7, temperature=0.2, top_p=0.9, user="u1", logit_bias={"5": 1}, extra_field=[1])
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer k", "x-trace": "t1"})
+    assert r.status_code == 200
+    assert upstreams.standard.last_body == body
+    assert upstreams.standard.last_headers["Authorization"] == "Bearer k"
+    assert upstreams.standard.last_headers["x-trace"] == "t1"
+
+
+def test_completions_endpoint(gateway: StartGateway, upstreams: Upstreams) -> None:
+    gw = gateway()
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/completions", json={"model": "fake-model", "prompt": "def fib(n):", "max_tokens": 64})
+    assert r.status_code == 200
+    assert r.headers["x-specgate-task"] == "code" and r.headers["x-specgate-pool"] == "speculative"
+    assert r.json()["object"] == "text_completion"
+
+
+def test_stream_is_relayed_chunk_by_chunk(gateway: StartGateway, upstreams: Upstreams) -> None:
+    gw = gateway()
+    events, arrival = [], []
+    start = time.monotonic()
+    headers = {"x-fake-chunks": "5", "x-fake-interval": "0.3"}
+    with (
+        httpx.Client(base_url=gw.url, timeout=10) as client,
+        client.stream("POST", "/v1/chat/completions", json=chat("write a poem", stream=True), headers=headers) as r,
+    ):
+        assert r.status_code == 200
+        assert r.headers["x-accel-buffering"] == "no"
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["x-specgate-pool"] == "standard"
+        for line in r.iter_lines():
+            if line:
+                events.append(line)
+                arrival.append(time.monotonic() - start)
+    assert events[-1] == "data: [DONE]" and len(events) == 6
+    # the upstream needs ~1.5 s for all five events; the first must arrive long before the last is sent
+    assert arrival[0] < 0.6, arrival
+    assert arrival[-1] > 1.2, arrival
+    assert gw.sample("specgate_ttft_seconds_count", pool="standard") == 1
+    assert gw.sample("specgate_tpot_seconds_count", pool="standard") == 1
+
+
+def test_upstream_errors_reach_the_client_intact(gateway: StartGateway, upstreams: Upstreams) -> None:
+    gw = gateway()
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/chat/completions", json=chat("hi"), headers={"x-fake-status": "400"})
+    assert r.status_code == 400
+    assert r.json() == {"error": {"message": "fake upstream error 400", "type": "BadRequestError", "code": 400}}
+    assert r.headers["x-specgate-pool"] == "standard"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        (b'{"model": "fake-model", "messages": "hi"}', 400, "messages"),
+        (
+            b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}',
+            400,
+            "max_tokens",
+        ),
+        (b'{"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
+    ],
+    ids=["malformed", "not-object", "messages-type", "max-tokens-type", "unknown-model"],
+)
+def test_bad_requests_get_openai_errors(gateway: StartGateway, body: bytes, status: int, param: str | None) -> None:
+    gw = gateway()
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and error["message"]
+
+
+def test_body_over_limit_is_413(gateway: StartGateway) -> None:
+    gw = gateway(max_body_bytes=2048)
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/chat/completions", json=chat("x" * 4000))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+def test_dead_replica_is_retried_on_the_other_pool(gateway: StartGateway, upstreams: Upstreams) -> None:
+    gw = gateway(standard_urls=[dead_url()], health_interval_s=60)
+    gw.app.state.pools.pools["standard"].replicas[0].set_healthy(True)  # as if its last check had passed
+    gw.app.state.refresh_snapshot()
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/chat/completions", json=chat("hi"))
+    assert r.status_code == 200
+    assert r.headers["x-specgate-pool"] == "speculative"
+    assert "retry: speculative" in r.headers["x-specgate-reason"]
+    assert gw.sample("specgate_retries_total", from_pool="standard", to_pool="speculative") == 1
+    assert not gw.app.state.pools.pools["standard"].replicas[0].healthy  # skipped until it recovers
+
+
+def test_retry_prefers_another_replica_of_the_same_pool(gateway: StartGateway, upstreams: Upstreams) -> None:
+    dead = dead_url()
+    gw = gateway(standard_urls=[dead, upstreams.standard_url], health_interval_s=60)
+    replicas = gw.app.state.pools.pools["standard"].replicas
+    for replica in replicas:
+        replica.set_healthy(True)
+    heavy = replicas[1].book(10**9)  # makes the dead replica the cheaper pick
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/chat/completions", json=chat("hi"))
+    heavy.release()
+    assert r.status_code == 200 and r.headers["x-specgate-pool"] == "standard"
+    assert gw.sample("specgate_retries_total", from_pool="standard", to_pool="standard") == 1
+
+
+def test_connection_reset_everywhere_is_502(gateway: StartGateway) -> None:
+    gw = gateway()
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/chat/completions", json=chat("hi"), headers={"x-fake-reset": "1"})
+    assert r.status_code == 502
+    assert r.json()["error"]["type"] == "upstream_error"
+
+
+def test_no_healthy_replica_is_503(gateway: StartGateway, upstreams: Upstreams) -> None:
+    upstreams.standard.healthy = upstreams.speculative.healthy = False
+    gw = gateway()
+    wait_for(lambda: not gw.app.state.snapshot.pool("standard").available, what="replicas marked down")
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/chat/completions", json=chat("hi"))
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_backend"
+        assert client.get("/ready").status_code == 503
+        assert client.get("/health").status_code == 200
+        upstreams.standard.healthy = True
+        wait_for(lambda: client.get("/ready").status_code == 200, what="recovery")
+        assert client.post("/v1/chat/completions", json=chat("hi")).status_code == 200
+
+
+def test_first_byte_timeout_is_504(gateway: StartGateway) -> None:
+    gw = gateway(first_byte_timeout_s=0.3)
+    start = time.monotonic()
+    with httpx.Client(base_url=gw.url, timeout=10) as client:
+        r = client.post("/v1/chat/completions", json=chat("hi"), headers={"x-fake-delay": "3"})
+    assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+    assert time.monotonic() - start < 2.0  # two attempts of 0.3 s plus the sweeper's granularity
+
+
+def test_idle_stream_ends_with_an_error_event(gateway: StartGateway) -> None:
+    gw = gateway(idle_timeout_s=0.3)
+    headers = {"x-fake-chunks": "10", "x-fake-stall-after": "2"}
+    with (
+        httpx.Client(base_url=gw.url, timeout=10) as client,
+        client.stream("POST", "/v1/chat/completions", json=chat("hi", stream=True), headers=headers) as r,
+    ):
+        lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200
+    assert len(lines) == 3 and '"upstream_timeout"' in lines[-1]
+
+
+def test_client_disconnect_mid_stream_cancels_upstream(gateway: StartGateway, upstreams: Upstreams) -> None:
+    gw = gateway()
+    headers = {"x-fake-chunks": "200", "x-fake-interval": "0.05"}
+    with (
+        httpx.Client(base_url=gw.url, timeout=10) as client,
+        client.stream("POST", "/v1/chat/completions", json=chat("hi", stream=True), headers=headers) as r,
+    ):
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert gw.app.state.pools.total_booked() > 0
+    wait_for(lambda: upstreams.standard.cancelled == 1, what="upstream request cancelled")
+    wait_for(lambda: gw.app.state.pools.total_booked() == 0, what="booking released")
+    wait_for(
+        lambda: gw.sample("specgate_requests_total", pool="standard", reason="default", task="chat", status="499") == 1,
+        what="disconnect counted",
+    )
+
+
+def test_models_health_ready_metrics(gateway: StartGateway) -> None:
+    gw = gateway()
+    with httpx.Client(base_url=gw.url) as client:
+        assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["fake-model"]
+        ready = client.get("/ready").json()
+        assert ready["ready"] and ready["pools"]["speculative"]["healthy"] == 1
+        assert "specgate_replica_healthy" in client.get("/metrics").text
+
+
+def test_explain_decides_without_forwarding(gateway: StartGateway, upstreams: Upstreams) -> None:
+    gw = gateway()
+    with httpx.Client(base_url=gw.url) as client:
+        r = client.post("/v1/route/explain", json=chat("用Python写一个函数", max_tokens=40))
+        bad = client.post("/v1/route/explain", json=chat("x", max_tokens=-1))
+    assert r.status_code == 200
+    data = r.json()
+    assert data["decision"]["pool"] == "standard" and data["decision"]["rule"] == "short-output"
+    assert data["features"]["task"] == "code" and data["features"]["max_tokens"] == 40
+    assert data["snapshot"]["pools"]["speculative"]["healthy_replicas"] == 1
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "max_tokens"
+    assert upstreams.standard.requests == upstreams.speculative.requests == 0
+
+
+@pytest.mark.parametrize("client", ["httpx", "httpx-aiohttp"])
+def test_other_upstream_clients_relay_the_same(gateway: StartGateway, upstreams: Upstreams, client: str) -> None:
+    gw = gateway(upstream_client=client)
+    with httpx.Client(base_url=gw.url, timeout=10) as http:
+        r = http.post("/v1/chat/completions", json=chat("Translate: hi", max_tokens=60))
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 60
+        with http.stream(
+            "POST", "/v1/chat/completions", json=chat("hi", stream=True), headers={"x-fake-chunks": "4"}
+        ) as s:
+            lines = [line for line in s.iter_lines() if line]
+        assert len(lines) == 5 and lines[-1] == "data: [DONE]"
+        assert http.post("/v1/chat/completions", json=chat("x"), headers={"x-fake-status": "422"}).status_code == 422

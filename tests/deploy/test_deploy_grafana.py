@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics import GatewayMetrics
-from tests.deploy.conftest import REPO_ROOT, shared_fixtures_dir
+from tests.deploy.conftest import REPO_ROOT, missing_tool, run_tool, shared_fixtures_dir
 
 GRAFANA_DIR = REPO_ROOT / "deploy" / "grafana"
 DASHBOARD = GRAFANA_DIR / "dashboards" / "specgate.json"
@@ -201,3 +202,30 @@ def test_the_helm_chart_ships_the_same_dashboard() -> None:
     assert chart_copy.read_bytes() == DASHBOARD.read_bytes(), (
         "cp deploy/grafana/dashboards/specgate.json helm/specgate/dashboards/"
     )
+
+
+@pytest.mark.prometheus
+def test_every_query_parses_as_promql(dashboard: dict[str, Any], tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        missing_tool("promtool (Debian package prometheus)")
+    rules = [
+        {"record": f"dashboard:panel_{index}", "expr": expr.replace("$__rate_interval", "1m")}
+        for index, (_, expr) in enumerate(dashboard_exprs(dashboard))
+    ]
+    rules_file = tmp_path / "dashboard-rules.yml"
+    rules_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = run_tool([str(promtool), "check", "rules", rules_file])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+
+
+@pytest.mark.prometheus
+def test_promtool_rejects_a_broken_query(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        missing_tool("promtool (Debian package prometheus)")
+    rules_file = tmp_path / "broken.yml"
+    bad = {"record": "dashboard:bad", "expr": "sum by (pool (rate(specgate_requests_total[1m]))"}
+    rules_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [bad]}]}))
+    assert run_tool([str(promtool), "check", "rules", rules_file]).returncode != 0

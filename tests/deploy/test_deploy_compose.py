@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,21 @@ def test_prometheus_scrape_targets_are_compose_services(docker_compose: Path, co
         for static in job.get("static_configs", []):
             for target in static["targets"]:
                 assert target.rsplit(":", 1)[0] in hosts, f"{job['job_name']}: {target} is no compose service"
+
+
+def test_compose_variables_stay_out_of_the_gateway_namespace() -> None:
+    # The gateway rejects unknown SPECGATE_* variables at start-up; a compose knob exported in the same
+    # shell (SPECGATE_TAG=...) would break `specgate serve` there.
+    variables = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", COMPOSE_FILE.read_text()))
+    assert variables, "no variables found: the pattern is wrong"
+    assert not {name for name in variables if name.startswith("SPECGATE_")}
+
+
+def test_only_the_gateway_port_is_published_on_all_interfaces(
+    docker_compose: Path, compose_env: dict[str, str]
+) -> None:
+    services = resolved(docker_compose, compose_env, "gpu")["services"]
+    published = {name: port for name, svc in services.items() for port in svc.get("ports", [])}
+    assert set(published) == {"gateway", "prometheus", "grafana"}
+    assert published["prometheus"]["host_ip"] == published["grafana"]["host_ip"] == "127.0.0.1"
+    assert published["gateway"]["published"] == "8080"

@@ -103,7 +103,14 @@ class FakeUpstream:
                 if stall_after is not None and index >= int(stall_after):
                     await asyncio.sleep(3600)
                 delta = {"delta": {"content": f"t{index} "}} if chat else {"text": f"t{index} "}
-                event = {"id": "cmpl-fake", "model": self.model, "choices": [{"index": 0, **delta}]}
+                finish = "length" if index == count - 1 else None
+                event = {
+                    "id": "cmpl-fake",
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": 0,
+                    "model": self.model,
+                    "choices": [{"index": 0, **delta, "finish_reason": finish}],
+                }
                 await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
                 if interval:
                     await asyncio.sleep(interval)

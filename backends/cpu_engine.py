@@ -175,3 +175,45 @@ class CpuServer:
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError):  # already gone
         os.killpg(process.pid, sig)
+
+
+@dataclass
+class CpuPair:
+    """The plain and the n-gram CPU pools, started in parallel and stopped together."""
+
+    standard: CpuServer
+    speculative: CpuServer
+    startup_s: float = 0.0
+
+    @property
+    def servers(self) -> tuple[CpuServer, CpuServer]:
+        return self.standard, self.speculative
+
+    def start(self, timeout_s: float = 240.0) -> CpuPair:
+        """Start both processes first, then wait for both: loading overlaps. Stops both on failure."""
+        started = time.monotonic()
+        try:
+            for server in self.servers:
+                server.start()
+            for server in self.servers:
+                server.wait_healthy(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def all_running(self) -> bool:
+        return all(s.process is not None and s.process.poll() is None for s in self.servers)
+
+
+def cpu_pair(engine: CpuEngine, manifests: tuple[PoolManifest, PoolManifest], ports: tuple[int, int],
+             log_dir: Path) -> CpuPair:
+    """A (not yet started) pair from the standard and speculative CPU manifests."""
+    standard, speculative = (CpuServer(engine, m, port, log_dir / f"{m.pool}.log")
+                             for m, port in zip(manifests, ports, strict=True))
+    return CpuPair(standard, speculative)

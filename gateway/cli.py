@@ -27,8 +27,8 @@ def _commands() -> list[Register]:
 
     return [
         cli_serve.register,
-        cli_bench.register,
         cli_backends.register,
+        cli_bench.register,
     ]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import yaml
 
 from backends.consistency import Finding, FindingLevel, check_against_rules, check_pair
-from backends.cpu_engine import CpuEngine, CpuServer, EngineNotReady, ServerFailed, default_cache_dir
+from backends.cpu_engine import CpuEngine, EngineNotReady, ServerFailed, cpu_pair, default_cache_dir
 from backends.manifest import (
     CPU_POOLS_DIR,
     POOLS_DIR,
@@ -188,30 +189,33 @@ def run_launch(args: argparse.Namespace) -> int:
         return _fail(f"cannot exec {argv[0]}: {exc}")
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def launch_cpu_pair(engine: CpuEngine) -> int:
     """Start both CPU pools on loopback, wait for /health, then hold until Ctrl-C and stop them."""
     try:
-        manifests = [_load(pool, cpu=True) for pool in ("standard", "speculative")]
+        manifests = (_load("standard", cpu=True), _load("speculative", cpu=True))
     except ManifestError as exc:
         return _fail(str(exc))
     log_dir = Path(tempfile.mkdtemp(prefix="specgate-cpu-pools-"))
-    servers = [CpuServer(engine, m, m.port, log_dir / f"{m.pool}.log") for m in manifests]
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
+    signal.signal(signal.SIGTERM, _interrupt)
+    pair = cpu_pair(engine, manifests, (manifests[0].port, manifests[1].port), log_dir)
     try:
-        for server in servers:
-            server.start()
-        for server in servers:
-            waited = server.wait_healthy()
-            print(f"{server.manifest.pool}: {server.url} healthy after {waited:.1f} s "
-                  f"(model {server.manifest.served_model_name}, log {server.log_path})", flush=True)
-        print("both pools up; Ctrl-C stops them", flush=True)
-        while all(s.process is not None and s.process.poll() is None for s in servers):
+        pair.start()
+        for server in pair.servers:
+            print(f"{server.manifest.pool}: {server.url} (model {server.manifest.served_model_name}, "
+                  f"log {server.log_path})", flush=True)
+        print(f"both pools healthy after {pair.startup_s:.1f} s; Ctrl-C stops them", flush=True)
+        while pair.all_running():
             time.sleep(1.0)
-        return _fail("a pool server exited; logs in " + str(log_dir))
+        return _fail(f"a pool server exited; logs in {log_dir}")
     except (EngineNotReady, ServerFailed) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
         print("stopping", flush=True)
         return 0
     finally:
-        for server in servers:
-            server.stop()
+        pair.stop()

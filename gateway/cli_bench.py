@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gateway import cli_bench_compare
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser("bench", help="benchmarks")
@@ -15,6 +17,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     overhead.add_argument("--scale", type=float, default=1.0, help="multiply request counts (0.1 for a quick run)")
     overhead.add_argument("--json", type=Path, help="also write the results as JSON")
     overhead.set_defaults(func=run_overhead)
+    cli_bench_compare.register(bench_sub)
 
 
 def run_overhead(args: argparse.Namespace) -> int:

@@ -2,8 +2,9 @@
 
 Runs inside the CPU engine venv (``$SPECGATE_CACHE/vllm-venv/bin/python``), which holds vLLM 0.32.0. It builds
 the ``serve`` sub-command parser the way ``vllm``'s own CLI does (``ServeSubcommand().subparser_init``), runs
-its ``validate``, then ``EngineArgs.from_cli_args``. With ``--engine-config`` it also builds the full engine
-configuration, which loads the model's config.json and validates the speculative config (local models only).
+its ``validate``. With ``"engine_config": true`` it also builds the full engine configuration
+(``EngineArgs.from_cli_args(...).create_engine_config()``), which loads the model's config.json and validates
+the speculative config; that needs the model on disk, so it is for local models only.
 
     echo '[{"argv": ["serve", "MODEL", "--flag", ...], "engine_config": false}]' \\
         | python scripts/vllm_parse_args.py RESULTS.json
@@ -62,11 +63,10 @@ def check(parser: Any, commands: dict[str, Any], argv: list[str], engine_config:
         commands[args.subparser].validate(args)
         if getattr(args, "model_tag", None) is not None:
             args.model = args.model_tag
-        from vllm.engine.arg_utils import EngineArgs
+        if engine_config:  # EngineArgs resolves the model path, so only for local models
+            from vllm.engine.arg_utils import EngineArgs
 
-        engine_args = EngineArgs.from_cli_args(args)
-        if engine_config:
-            engine_args.create_engine_config()
+            EngineArgs.from_cli_args(args).create_engine_config()
     except Exception as exc:  # report any rejection, whatever vLLM raises
         return {"accepted": False, "stage": "engine", "error": f"{type(exc).__name__}: {exc}"}
     parsed = {field: getattr(args, field, None) for field in FIELDS}

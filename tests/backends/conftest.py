@@ -4,14 +4,15 @@ under CI=true) and small helpers to write manifests."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from backends.cpu_engine import CpuEngine, default_cache_dir
+from backends.cpu_engine import CpuEngine, CpuPair, cpu_pair, default_cache_dir
 from backends.manifest import load_manifest, pool_path
 
 
@@ -41,3 +42,22 @@ def write_manifest(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
         return path
 
     return write
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def cpu_pools(cpu_engine: CpuEngine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CpuPair]:
+    """Two real vLLM CPU servers (plain + n-gram) on free loopback ports, started in parallel."""
+    manifests = (load_manifest(pool_path("standard", cpu=True)), load_manifest(pool_path("speculative", cpu=True)))
+    pair = cpu_pair(cpu_engine, manifests, (free_port(), free_port()), tmp_path_factory.mktemp("vllm-logs"))
+    pair.start()
+    try:
+        yield pair
+    finally:
+        pair.stop()

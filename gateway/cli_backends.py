@@ -207,8 +207,11 @@ def launch_cpu_pair(engine: CpuEngine) -> int:
     try:
         pair.start()
         for server in pair.servers:
-            print(f"{server.manifest.pool}: {server.url} (model {server.manifest.served_model_name}, "
-                  f"log {server.log_path})", flush=True)
+            print(
+                f"{server.manifest.pool}: {server.url} (model {server.manifest.served_model_name}, "
+                f"log {server.log_path})",
+                flush=True,
+            )
         print(f"both pools healthy after {pair.startup_s:.1f} s; Ctrl-C stops them", flush=True)
         while pair.all_running():
             time.sleep(1.0)

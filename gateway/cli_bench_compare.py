@@ -34,8 +34,13 @@ def register(bench_actions: argparse._SubParsersAction[argparse.ArgumentParser])
     cmp = bench_actions.add_parser("compare", help="standard vs speculative pool, per task category")
     cmp.add_argument("--standard", required=True, help="base URL of a standard-pool server")
     cmp.add_argument("--speculative", required=True, help="base URL of a speculative-pool server")
-    cmp.add_argument("--workload", type=Path, action="append", required=True,
-                     help="workload file (one category) or directory; repeatable")
+    cmp.add_argument(
+        "--workload",
+        type=Path,
+        action="append",
+        required=True,
+        help="workload file (one category) or directory; repeatable",
+    )
     cmp.add_argument("--concurrency", type=_levels, default=[1, 4], help="comma-separated levels (default 1,4)")
     cmp.add_argument("--json", type=Path, help="write the results as JSON here")
     cmp.add_argument("--plot", type=Path, help="write a PNG plot of the speedups here")
@@ -80,8 +85,9 @@ def _file_items(path: Path) -> list[BenchItem]:
         where = f"{path}: items.{index}"
         if not isinstance(item, dict) or not isinstance(item.get("max_tokens"), int):
             raise WorkloadFileError(f"{where}: needs an integer max_tokens")
-        items.append(BenchItem(str(item.get("id", index)), data["category"], _messages(item, where),
-                               item["max_tokens"]))
+        items.append(
+            BenchItem(str(item.get("id", index)), data["category"], _messages(item, where), item["max_tokens"])
+        )
     return items
 
 
@@ -101,8 +107,13 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"specgate bench compare: {exc}", file=sys.stderr)
         return 2
     config = CompareConfig(
-        standard_url=args.standard.rstrip("/"), speculative_url=args.speculative.rstrip("/"), items=items,
-        concurrency=args.concurrency, model=args.model, max_tokens_cap=args.max_tokens, timeout_s=args.timeout,
+        standard_url=args.standard.rstrip("/"),
+        speculative_url=args.speculative.rstrip("/"),
+        items=items,
+        concurrency=args.concurrency,
+        model=args.model,
+        max_tokens_cap=args.max_tokens,
+        timeout_s=args.timeout,
         warmup=args.warmup,
     )
     try:

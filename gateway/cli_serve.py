@@ -67,6 +67,8 @@ def run_serve(args: argparse.Namespace) -> int:
         http="httptools",
         log_level=settings.log_level,
         access_log=False,
+        proxy_headers=False,  # routing never reads the client address; skip the middleware on the hot path
+        server_header=False,
     )
     return 0
 

@@ -236,8 +236,7 @@ async def run_category(
     if before is not None and after is not None:
         delta = spec_delta(before, after, at=time.time())  # handles an engine restart in between
         accepted, drafted = delta.accepted_tokens, delta.draft_tokens
-    return CategoryResult(concurrency, items[0].category, stats["standard"], stats["speculative"],
-                          drafted, accepted)
+    return CategoryResult(concurrency, items[0].category, stats["standard"], stats["speculative"], drafted, accepted)
 
 
 async def warm_up(client: httpx.AsyncClient, config: CompareConfig, model: str) -> None:
@@ -266,8 +265,16 @@ async def compare(config: CompareConfig) -> tuple[list[CategoryResult], dict[str
             for level in config.concurrency
             for _, items in sorted(by_category.items())
         ]
-    meta = {"standard_url": config.standard_url, "speculative_url": config.speculative_url, "model": model,
-            "served_by": owner, "started_unix": started, "duration_s": time.time() - started,
-            "temperature": config.temperature, "max_tokens_cap": config.max_tokens_cap,
-            "concurrency": list(config.concurrency), "items": len(config.items)}
+    meta = {
+        "standard_url": config.standard_url,
+        "speculative_url": config.speculative_url,
+        "model": model,
+        "served_by": owner,
+        "started_unix": started,
+        "duration_s": time.time() - started,
+        "temperature": config.temperature,
+        "max_tokens_cap": config.max_tokens_cap,
+        "concurrency": list(config.concurrency),
+        "items": len(config.items),
+    }
     return results, meta

@@ -19,19 +19,39 @@ def _fmt(value: float | None, scale: float = 1.0, digits: int = 2, suffix: str =
 
 def results_table(results: Sequence[CategoryResult], title: str) -> Table:
     table = Table(title=title)
-    for header in ("conc", "category", "n", "accept", "std mean s", "std p95 s", "spec mean s", "spec p95 s",
-                   "TTFT std/spec ms", "TPOT std/spec ms", "out tok std/spec", "speedup lat", "speedup TPOT",
-                   "errors"):
+    for header in (
+        "conc",
+        "category",
+        "n",
+        "accept",
+        "std mean s",
+        "std p95 s",
+        "spec mean s",
+        "spec p95 s",
+        "TTFT std/spec ms",
+        "TPOT std/spec ms",
+        "out tok std/spec",
+        "speedup lat",
+        "speedup TPOT",
+        "errors",
+    ):
         table.add_column(header, justify="left" if header == "category" else "right")
     for r in results:
         std, spec = r.standard, r.speculative
         table.add_row(
-            str(r.concurrency), r.category, str(std.requests), _fmt(r.acceptance_rate, 100, 1, "%"),
-            _fmt(std.mean_latency_s), _fmt(std.p95_latency_s), _fmt(spec.mean_latency_s), _fmt(spec.p95_latency_s),
+            str(r.concurrency),
+            r.category,
+            str(std.requests),
+            _fmt(r.acceptance_rate, 100, 1, "%"),
+            _fmt(std.mean_latency_s),
+            _fmt(std.p95_latency_s),
+            _fmt(spec.mean_latency_s),
+            _fmt(spec.p95_latency_s),
             f"{_fmt(std.mean_ttft_s, 1000, 0)}/{_fmt(spec.mean_ttft_s, 1000, 0)}",
             f"{_fmt(std.mean_tpot_s, 1000, 1)}/{_fmt(spec.mean_tpot_s, 1000, 1)}",
             f"{_fmt(std.mean_output_tokens, digits=0)}/{_fmt(spec.mean_output_tokens, digits=0)}",
-            _fmt(r.speedup_latency, suffix="x"), _fmt(r.speedup_tpot, suffix="x"),
+            _fmt(r.speedup_latency, suffix="x"),
+            _fmt(r.speedup_tpot, suffix="x"),
             f"{std.errors}/{spec.errors}",
         )
     return table
@@ -39,8 +59,10 @@ def results_table(results: Sequence[CategoryResult], title: str) -> Table:
 
 def print_table(results: Sequence[CategoryResult], meta: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console(width=180)
-    title = (f"bench compare: {meta['model']} (served by {meta['served_by']}), "
-             f"{meta['items']} prompts, temperature {meta['temperature']}, {meta['duration_s']:.0f} s")
+    title = (
+        f"bench compare: {meta['model']} (served by {meta['served_by']}), "
+        f"{meta['items']} prompts, temperature {meta['temperature']}, {meta['duration_s']:.0f} s"
+    )
     console.print(results_table(results, title))
 
 
@@ -69,8 +91,13 @@ def write_plot(path: Path, results: Sequence[CategoryResult], meta: dict[str, An
             for bar, category in zip(bars, categories, strict=True):
                 rate = row[category].acceptance_rate if category in row else None
                 if rate is not None:
-                    axis.annotate(f"{rate:.0%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                                  ha="center", va="bottom", fontsize=7)
+                    axis.annotate(
+                        f"{rate:.0%}",
+                        (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center",
+                        va="bottom",
+                        fontsize=7,
+                    )
         axis.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         axis.set_xticks([i + width * (len(levels) - 1) / 2 for i in range(len(categories))], categories)
         axis.set_title("speedup, time per output token" if metric == "speedup_tpot" else "speedup, mean latency")

@@ -1,6 +1,6 @@
 """The gateway's classifier (shipped rules) against the workloads' ground-truth tasks.
 
-Measured on the shipped workload: 128/137 correct; all 9 misses listed in the emulator docs. The floor
+Measured on the shipped workload: 130/137 correct; the 7 misses are all hard cases (see the emulator docs). The floor
 below is a requirement on ordinary prompts, not a fit to the measurement; hard cases are reported, not
 asserted.
 """

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--speculative", help="speculative pool replica URLs, comma-separated")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8080)")
-    serve.add_argument("--upstream-client", choices=["aiohttp", "httpx", "httpx-aiohttp"])
+    serve.add_argument("--upstream-client", choices=["aiohttp", "httpx", "httpx-aiohttp", "raw"])
     serve.set_defaults(func=run_serve)
 
     rules = sub.add_parser("rules", help="work with rules files")

@@ -5,8 +5,9 @@ mapped to the gateway's own (:class:`UpstreamConnectError`, :class:`UpstreamTime
 Timeouts for the first byte and for idle streams are enforced by the caller's :class:`gateway.guard.Guard`,
 which costs one float store per chunk instead of a timer per read.
 
-Two implementations: aiohttp (the default: measured several times cheaper per request, see
-``specgate bench overhead``) and httpx (optionally with the httpx-aiohttp transport), kept for comparison.
+Implementations: aiohttp (the default: measured several times cheaper per request than httpx, see
+``specgate bench overhead``), httpx (optionally with the httpx-aiohttp transport), kept for comparison, and
+the lean httptools-based client in :mod:`gateway.rawclient` ("raw").
 """
 
 from __future__ import annotations
@@ -173,6 +174,10 @@ class HttpxUpstream:
 
 
 def make_upstream(settings: Settings) -> Upstream:
+    if settings.upstream_client == "raw":
+        from gateway.rawclient import RawUpstream  # it builds on this module's types
+
+        return RawUpstream(settings)
     if settings.upstream_client == "httpx":
         return HttpxUpstream(settings)
     if settings.upstream_client == "httpx-aiohttp":

@@ -1,0 +1,323 @@
+"""A lean HTTP/1.1 upstream client: one asyncio Protocol per connection and httptools' parser.
+
+It does only what the gateway's relay needs (POST, plain HTTP, keep-alive), so a request costs one
+``transport.write`` and a few parser callbacks instead of aiohttp's per-request machinery. Per (host, port)
+it keeps a LIFO list of idle connections (optionally capped by ``max_connections``, counting busy ones).
+
+A connection goes back to the pool only when its response is complete and the server allows keep-alive;
+closing an unfinished response aborts the connection, which is how a client disconnect reaches the upstream.
+A reused idle connection the server has already closed (connection lost before any response byte) is retried
+once on a fresh connection: the keep-alive race every pooling client meets.
+
+Errors: refused, unreachable or lost before the head -> :class:`UpstreamConnectError`; connect timeout ->
+:class:`UpstreamTimeout`; lost mid-body or unparseable -> :class:`RawClientError` (the ``read_errors``).
+Bodies delimited by the connection's end (no length, not chunked) are supported; TLS is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
+
+import httptools
+
+from gateway.config import Settings
+from gateway.errors import UpstreamConnectError, UpstreamTimeout
+from gateway.upstream import RawHeaders, UpstreamResponse, relayable
+
+HIGH_WATER = 1024 * 1024  # buffered body bytes at which a streamed response stops reading the socket
+_TARGET_CACHE_LIMIT = 1024
+
+
+class RawClientError(Exception):
+    """The upstream broke off or garbled a response after its head."""
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; hands the bytes it receives to the response being read, if any."""
+
+    def __init__(self, pool: _HostPool) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.response: _RawResponse | None = None
+        self.closed = False
+        self.reused = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is not None:
+            self.response.feed(data)
+        elif self.transport is not None:  # bytes nobody asked for: the connection can't be trusted
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.response is not None:
+            self.response.connection_lost(exc)
+        else:
+            self.pool.forget(self)
+
+
+class _HostPool:
+    """Idle keep-alive connections to one (host, port), most recently used first."""
+
+    def __init__(self, host: str, port: int, cap: int, connect_timeout_s: float) -> None:
+        self.host = host
+        self.port = port
+        self.connect_timeout_s = connect_timeout_s
+        self.idle: list[_Connection] = []
+        self.slots = asyncio.Semaphore(cap) if cap else None
+
+    async def acquire(self) -> _Connection:
+        if self.slots is not None:
+            await self.slots.acquire()
+        try:
+            while self.idle:
+                conn = self.idle.pop()
+                if not conn.closed:
+                    conn.reused = True
+                    return conn
+            return await self._connect()
+        except BaseException:
+            if self.slots is not None:
+                self.slots.release()
+            raise
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        url = f"http://{self.host}:{self.port}"
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+        except TimeoutError as exc:
+            raise UpstreamTimeout(f"timed out connecting to {url}") from exc
+        except OSError as exc:
+            raise UpstreamConnectError(f"cannot reach upstream {url}: {exc}") from exc
+        return conn
+
+    def release(self, conn: _Connection, keep: bool) -> None:
+        """Give back a connection whose response ended (``keep``) or must not be reused."""
+        conn.response = None
+        if self.slots is not None:
+            self.slots.release()
+        if keep and not conn.closed:
+            self.idle.append(conn)
+        elif conn.transport is not None:
+            conn.transport.abort()
+
+    def forget(self, conn: _Connection) -> None:
+        if conn in self.idle:
+            self.idle.remove(conn)
+
+    def close(self) -> None:
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            if conn.transport is not None:
+                conn.transport.close()
+
+
+class _RawResponse:
+    """One response on one connection; also the parser's callback target."""
+
+    read_errors: tuple[type[BaseException], ...] = (RawClientError,)
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn: _Connection | None = conn
+        assert conn.transport is not None
+        self._transport = conn.transport
+        self._parser = httptools.HttpResponseParser(self)
+        self._loop = asyncio.get_running_loop()
+        self.head: asyncio.Future[None] = self._loop.create_future()
+        self.status = 0
+        self.headers: RawHeaders = []
+        self._raw: list[tuple[bytes, bytes]] = []
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._done = False
+        self._error: RawClientError | None = None
+        self._streaming = False
+        self._paused = False
+        self._until_eof = False
+        self.got_bytes = False
+        conn.response = self
+
+    # -- fed by the connection ---------------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._fail(RawClientError(f"unparseable response from the upstream: {exc}"))
+            self._transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._done:
+            return
+        if self.head.done() and self._until_eof and exc is None:
+            self.on_message_complete()  # the body was delimited by the connection's end
+            return
+        where = "mid-body" if self.head.done() else "before the response head"
+        self._fail(RawClientError(f"upstream closed the connection {where}: {exc or 'EOF'}"))
+
+    def _fail(self, error: RawClientError) -> None:
+        if self._done or self._error is not None:
+            return
+        self._error = error
+        if not self.head.done():
+            self.head.set_exception(error)
+        self._wake()
+        self._finish(keep=False)
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _finish(self, keep: bool) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._paused and keep:
+            self._transport.resume_reading()
+            self._paused = False
+        conn.pool.release(conn, keep)
+
+    # -- parser callbacks --------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self._done:
+            raise RawClientError("a second response arrived for one request")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._raw.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        self.headers = relayable(self._raw)
+        names = {k.lower() for k, _ in self._raw}
+        self._until_eof = b"content-length" not in names and b"transfer-encoding" not in names
+        self._until_eof = self._until_eof and self.status not in (204, 304)
+        self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._size += len(body)
+        if self._waiter is not None:
+            self._wake()
+        if self._streaming and self._size > HIGH_WATER and not self._paused:
+            self._transport.pause_reading()
+            self._paused = True
+
+    def on_message_complete(self) -> None:
+        self._done = True
+        self._wake()
+        self._finish(keep=self._parser.should_keep_alive() and not self._until_eof)
+
+    # -- the UpstreamResponse side -----------------------------------------------------------------
+    async def _wait(self) -> None:
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def read(self) -> bytes:
+        while not self._done:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        chunks = self._chunks
+        self._chunks = []
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def reader(self) -> Callable[[], Awaitable[bytes]]:
+        self._streaming = True
+        return self._next_chunk
+
+    async def _next_chunk(self) -> bytes:
+        """Everything buffered so far, coalesced; waits when nothing is; ``b""`` at the end."""
+        while True:
+            chunks = self._chunks
+            if chunks:
+                self._chunks = []
+                self._size = 0
+                if self._paused:
+                    self._paused = False
+                    self._transport.resume_reading()
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            if self._error is not None:
+                raise self._error
+            if self._done:
+                return b""
+            await self._wait()
+
+    async def close(self) -> None:
+        self._finish(keep=False)  # a no-op once the response completed and its connection went back
+
+    def abort(self) -> None:
+        if not self.head.done():
+            self.head.cancel()
+        self._finish(keep=False)
+
+
+class RawUpstream:
+    """The :class:`gateway.upstream.Upstream` seam over :class:`_HostPool` connections."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._pools: dict[tuple[str, int], _HostPool] = {}
+        self._targets: dict[str, tuple[_HostPool, bytes]] = {}
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+        self._targets.clear()
+
+    async def send(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+        pool, prefix = self._targets.get(url) or self._target(url)
+        extra = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
+        request = b"".join([prefix, b"Content-Length: %d\r\n" % len(body), extra.encode("latin-1"), b"\r\n", body])
+        for attempt in (1, 2):
+            conn = await pool.acquire()
+            response = _RawResponse(conn)
+            assert conn.transport is not None
+            conn.transport.write(request)
+            try:
+                await response.head
+            except RawClientError as exc:
+                if attempt == 1 and conn.reused and not response.got_bytes:
+                    continue  # the server closed the idle connection as we reused it
+                raise UpstreamConnectError(f"upstream {url} failed before answering: {exc}") from exc
+            except BaseException:
+                response.abort()
+                raise
+            return response
+        raise AssertionError("unreachable")
+
+    def _target(self, url: str) -> tuple[_HostPool, bytes]:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or parts.hostname is None:
+            raise UpstreamConnectError(f"the raw upstream client speaks plain http only, not {url}")
+        port = parts.port or 80
+        key = (parts.hostname, port)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = _HostPool(parts.hostname, port, self._settings.max_connections, self._settings.connect_timeout_s)
+            self._pools[key] = pool
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        prefix = f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1")
+        if len(self._targets) >= _TARGET_CACHE_LIMIT:
+            self._targets.clear()
+        self._targets[url] = (pool, prefix)
+        return pool, prefix

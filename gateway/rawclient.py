@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Awaitable, Callable
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -46,8 +47,7 @@ class _Connection(asyncio.Protocol):
         self.reused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -75,6 +75,7 @@ class _HostPool:
         self.connect_timeout_s = connect_timeout_s
         self.idle: list[_Connection] = []
         self.slots = asyncio.Semaphore(cap) if cap else None
+        self.closing = False
 
     async def acquire(self) -> _Connection:
         if self.slots is not None:
@@ -108,7 +109,7 @@ class _HostPool:
         conn.response = None
         if self.slots is not None:
             self.slots.release()
-        if keep and not conn.closed:
+        if keep and not conn.closed and not self.closing:
             self.idle.append(conn)
         elif conn.transport is not None:
             conn.transport.abort()
@@ -118,6 +119,7 @@ class _HostPool:
             self.idle.remove(conn)
 
     def close(self) -> None:
+        self.closing = True  # connections still busy are closed as their responses end
         idle, self.idle = self.idle, []
         for conn in idle:
             if conn.transport is not None:
@@ -225,6 +227,9 @@ class _RawResponse:
         self._waiter = self._loop.create_future()
         try:
             await self._waiter
+        except asyncio.CancelledError:
+            self.abort()  # the reader went away: drop the connection so the upstream stops
+            raise
         finally:
             self._waiter = None
 

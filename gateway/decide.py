@@ -6,12 +6,11 @@ HTTP gateway, the tests and the simulator all run exactly this code.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gateway.features import RequestFeatures
-from gateway.rules import Comparison, PoolCondition, RoutingRules, Scalar, When
-from gateway.snapshot import PoolSnapshot, Snapshot, other_pool
+from gateway.rules import RoutingRules, When
+from gateway.snapshot import Snapshot, other_pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,37 +36,18 @@ def decide(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -
 
 
 def matches(when: When, features: RequestFeatures, snapshot: Snapshot) -> bool:
-    request_checks = (
-        (when.max_tokens, features.max_tokens),
-        (when.prompt_tokens, features.prompt_tokens),
-        (when.task, features.task),
-        (when.model, features.model),
-        (when.n, features.n),
-        (when.temperature, features.temperature),
-        (when.qps, snapshot.qps),
-    )
-    if not all(cmp is None or cmp.matches(value) for cmp, value in request_checks):
-        return False
-    if when.stream is not None and when.stream != features.stream:
-        return False
-    if not _all_match(when.headers, features.headers):
-        return False
-    if not _all_match(when.signals, snapshot.signals):
-        return False
-    return all(_pool_matches(cond, snapshot.pool(name)) for name, cond in when.pools.items())
-
-
-def _all_match(conditions: Mapping[str, Comparison], values: Mapping[str, Scalar]) -> bool:
-    return all(cmp.matches(values.get(key)) for key, cmp in conditions.items())
-
-
-def _pool_matches(cond: PoolCondition, pool: PoolSnapshot) -> bool:
-    checks = (
-        (cond.healthy_replicas, pool.healthy_replicas),
-        (cond.running, pool.running),
-        (cond.waiting, pool.waiting),
-        (cond.kv_cache_usage, pool.kv_cache_usage),
-        (cond.acceptance_rate, pool.acceptance_rate),
-        (cond.acceptance_length, pool.acceptance_length),
-    )
-    return all(cmp is None or cmp.matches(value) for cmp, value in checks)
+    """All of ``when``'s conditions hold. Only the conditions the rule sets are evaluated."""
+    for source, key, field, test in when.checks:
+        if source == "request":
+            value = getattr(features, key)
+        elif source == "qps":
+            value = snapshot.qps
+        elif source == "header":
+            value = features.headers.get(key)
+        elif source == "signal":
+            value = snapshot.signals.get(key)
+        else:
+            value = getattr(snapshot.pool(key), field)
+        if not test(value):
+            return False
+    return True

@@ -6,8 +6,10 @@ A rules file holds the pools' replicas, the task cues the classifier uses, and a
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -59,32 +61,45 @@ class Comparison(_Strict):
             raise ValueError("a comparison needs at least one of lt, le, gt, ge, eq, ne, in, not_in")
         return self
 
+    @cached_property
+    def predicate(self) -> Callable[[Any], bool]:
+        """The comparison compiled once into a closure (a cached property: not a field, not compared)."""
+        return _compile_comparison(self)
+
     def matches(self, value: Scalar | None) -> bool:
-        if value is None:
-            return False
-        if self.in_ is not None and value not in self.in_:
-            return False
-        if self.not_in is not None and value in self.not_in:
-            return False
-        if self.eq is not None and value != self.eq:
-            return False
-        if self.ne is not None and value == self.ne:
-            return False
-        if self.lt is not None or self.le is not None or self.gt is not None or self.ge is not None:
-            return _numeric_matches(self, value)
-        return True
+        return self.predicate(value)
 
 
-def _numeric_matches(cmp: Comparison, value: Scalar) -> bool:
-    if isinstance(value, str):
-        return False
-    number = float(value)
-    return not (
-        (cmp.lt is not None and not number < cmp.lt)
-        or (cmp.le is not None and not number <= cmp.le)
-        or (cmp.gt is not None and not number > cmp.gt)
-        or (cmp.ge is not None and not number >= cmp.ge)
-    )
+def _compile_comparison(cmp: Comparison) -> Callable[[Any], bool]:
+    """One closure per comparison, testing only the operators it sets (the decider runs these per request)."""
+    tests: list[Callable[[Any], bool]] = []
+    if cmp.in_ is not None:
+        allowed = frozenset(cmp.in_)
+        tests.append(lambda v: v in allowed)
+    if cmp.not_in is not None:
+        banned = frozenset(cmp.not_in)
+        tests.append(lambda v: v not in banned)
+    if cmp.eq is not None:
+        equal = cmp.eq
+        tests.append(lambda v: v == equal)
+    if cmp.ne is not None:
+        unequal = cmp.ne
+        tests.append(lambda v: v != unequal)
+    bounds = [(op, b) for op, b in ((operator.lt, cmp.lt), (operator.le, cmp.le), (operator.gt, cmp.gt),
+                                    (operator.ge, cmp.ge)) if b is not None]  # fmt: skip
+    if bounds:
+        tests.append(lambda v: not isinstance(v, str) and all(op(v, b) for op, b in bounds))
+    if len(tests) == 1:
+        only = tests[0]
+        return lambda v: v is not None and only(v)
+    return lambda v: v is not None and all(test(v) for test in tests)
+
+
+# (source, key, field, test): source is "request" (a RequestFeatures attribute), "qps", "header",
+# "signal" or "pool" (key = pool name, field = a PoolSnapshot attribute).
+Check = tuple[str, str, str, Callable[[Any], bool]]
+REQUEST_FIELDS = ("max_tokens", "prompt_tokens", "task", "model", "n", "temperature")
+POOL_FIELDS = ("healthy_replicas", "running", "waiting", "kv_cache_usage", "acceptance_rate", "acceptance_length")
 
 
 class PoolCondition(_Strict):
@@ -117,6 +132,29 @@ class When(_Strict):
     @classmethod
     def _lowercase_headers(cls, value: dict[str, Comparison]) -> dict[str, Comparison]:
         return {name.lower(): cmp for name, cmp in value.items()}
+
+    @cached_property
+    def checks(self) -> tuple[Check, ...]:
+        """The conditions present, as ``(source, key, field, test)``; the decider reads the value and tests it.
+        Built once per rules object (a cached property: not a field, not compared)."""
+        checks: list[Check] = []
+        for name in REQUEST_FIELDS:
+            cmp = getattr(self, name)
+            if cmp is not None:
+                checks.append(("request", name, "", cmp.predicate))
+        if self.stream is not None:
+            wanted = self.stream
+            checks.append(("request", "stream", "", lambda v: v is wanted))
+        if self.qps is not None:
+            checks.append(("qps", "", "", self.qps.predicate))
+        checks.extend(("header", name, "", cmp.predicate) for name, cmp in self.headers.items())
+        checks.extend(("signal", name, "", cmp.predicate) for name, cmp in self.signals.items())
+        for pool, condition in self.pools.items():
+            for field in POOL_FIELDS:
+                cmp = getattr(condition, field)
+                if cmp is not None:
+                    checks.append(("pool", pool, field, cmp.predicate))
+        return tuple(checks)
 
 
 class Rule(_Strict):

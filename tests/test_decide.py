@@ -124,3 +124,43 @@ def test_decide_is_deterministic_over_many_requests() -> None:
     first = [decide(feats(m, t), snapshot, RULES) for m in range(1, 200) for t in ("code", "chat", "translation")]
     second = [decide(feats(m, t), snapshot, RULES) for m in range(1, 200) for t in ("code", "chat", "translation")]
     assert first == second
+
+
+def test_compiled_checks_name_real_fields() -> None:
+    from dataclasses import fields
+
+    from gateway.rules import POOL_FIELDS, REQUEST_FIELDS, PoolCondition
+    from gateway.snapshot import PoolSnapshot
+
+    assert set(POOL_FIELDS) == set(PoolCondition.model_fields)
+    assert set(POOL_FIELDS) <= {f.name for f in fields(PoolSnapshot)}
+    assert set(REQUEST_FIELDS) | {"stream"} <= {f.name for f in fields(RequestFeatures)}
+    # every `when` field is compiled into some check
+    when = (
+        parse_rules(
+            {
+                "rules": [
+                    {
+                        "name": "all",
+                        "pool": "standard",
+                        "when": {
+                            "max_tokens": 1,
+                            "prompt_tokens": 1,
+                            "task": "chat",
+                            "model": "m",
+                            "n": 1,
+                            "temperature": 0,
+                            "stream": True,
+                            "qps": 1,
+                            "headers": {"a": "b"},
+                            "signals": {"s": 1},
+                            "pools": {"speculative": dict.fromkeys(POOL_FIELDS, 1)},
+                        },
+                    }
+                ]
+            }
+        )
+        .rules[0]
+        .when
+    )
+    assert len(when.checks) == len(REQUEST_FIELDS) + 1 + 1 + 1 + 1 + len(POOL_FIELDS)

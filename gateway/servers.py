@@ -16,6 +16,14 @@ import uvicorn
 from aiohttp import web
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (for servers started as other processes)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 class ThreadServer:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 20.0) -> None:
         self.app = app

@@ -8,7 +8,6 @@ slot was given back.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from prometheus_client import CollectorRegistry
 from gateway.app import SpecgateApp, create_app
 from gateway.bench.fake_upstream import FakeUpstream
 from gateway.config import Settings
-from gateway.servers import ThreadServer
+from gateway.servers import ThreadServer, free_port
 
 
 @pytest.fixture(autouse=True)
@@ -57,10 +56,7 @@ class Gateway:
 
 def dead_url() -> str:
     """A loopback URL nothing listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> None:

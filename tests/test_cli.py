@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.bench.loadgen import free_port, wait_http
+from gateway.bench.loadgen import wait_http
 from gateway.cli import build_parser, main
+from gateway.servers import free_port
 from tests.conftest import Upstreams, wait_for
 
 

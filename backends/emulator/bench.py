@@ -22,7 +22,7 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
-from backends.emulator.demo import free_port
+from gateway.servers import free_port
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,6 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 
 from backends.workloads.loader import Workload, WorkloadItem
+from gateway.servers import free_port
 
 PHASES = ("standard", "speculative", "routed")
 
@@ -94,13 +94,6 @@ def schedule(workload: Workload, level: LoadLevel, seed: int) -> list[Arrival]:
         arrivals.append(Arrival(now, rng.choice(by_category[categories[index % len(categories)]])))
         now += rng.expovariate(level.qps)
     return arrivals
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Stack:

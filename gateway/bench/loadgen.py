@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import math
-import socket
 import time
 from collections.abc import Sequence
 
 import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_http(url: str, timeout_s: float = 30.0, method: str = "GET") -> None:

@@ -26,7 +26,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from gateway.bench.loadgen import free_port, percentile, wait_http
+from gateway.bench.loadgen import percentile, wait_http
+from gateway.servers import free_port
 
 
 @dataclass(frozen=True)

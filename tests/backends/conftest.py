@@ -4,7 +4,6 @@ under CI=true) and small helpers to write manifests."""
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import yaml
 
 from backends.cpu_engine import CpuEngine, CpuPair, cpu_pair, default_cache_dir
 from backends.manifest import load_manifest, pool_path
+from gateway.servers import free_port
 
 
 def require_or_skip(problems: list[str]) -> None:
@@ -42,13 +42,6 @@ def write_manifest(tmp_path: Path) -> Callable[[dict[str, Any]], Path]:
         return path
 
     return write
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="session")

@@ -15,14 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from gateway.servers import free_port
 from tests.signals._paths import missing
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def require_binary(name: str) -> str:

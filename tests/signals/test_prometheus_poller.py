@@ -7,8 +7,9 @@ import time
 
 import pytest
 
+from gateway.servers import free_port
 from gateway.signals.prometheus import NoData, PrometheusPoller, scalar_of
-from tests.signals.servers import PrometheusServer, free_port
+from tests.signals.servers import PrometheusServer
 
 pytestmark = pytest.mark.prometheus
 

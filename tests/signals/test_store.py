@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from gateway.servers import free_port
 from gateway.signals.shared_qps import SharedQps
 from gateway.signals.store import (
     Estimate,
@@ -16,7 +17,7 @@ from gateway.signals.store import (
     SharedStateUnavailable,
     rate_from_buckets,
 )
-from tests.signals.servers import RedisServer, free_port
+from tests.signals.servers import RedisServer
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.types import Receive, Scope, Send
 
 from gateway.config import Settings
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import BodyTooLarge, GatewayError
 from gateway.proxy import ProxyRoute, parse_json_object
 from gateway.reload import RulesWatcher
 from gateway.state import GatewayState
@@ -33,13 +33,10 @@ COMPLETIONS_PATH = "/v1/completions"
 class SpecgateApp:
     """The ASGI application: proxy paths to the lean route, the rest to FastAPI."""
 
-    def __init__(self, state: GatewayState, api: FastAPI) -> None:
+    def __init__(self, state: GatewayState, api: FastAPI, routes: dict[str, ProxyRoute]) -> None:
         self.state = state
         self.api = api
-        self._routes = {
-            CHAT_PATH: ProxyRoute(state, "chat", CHAT_PATH),
-            COMPLETIONS_PATH: ProxyRoute(state, "completions", COMPLETIONS_PATH),
-        }
+        self._routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -69,6 +66,10 @@ def create_app(
 
     api = FastAPI(title="specgate", version="0.1.0", lifespan=lifespan)
     api.state.gateway = state
+    routes = {
+        CHAT_PATH: ProxyRoute(state, "chat", CHAT_PATH),
+        COMPLETIONS_PATH: ProxyRoute(state, "completions", COMPLETIONS_PATH),
+    }
 
     @api.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> Response:
@@ -104,12 +105,12 @@ def create_app(
     async def explain(request: Request) -> dict[str, Any]:
         body = await request.body()
         if len(body) > settings.max_body_bytes:
-            raise InvalidRequest("request body too large")
-        kind = "completions" if "prompt" in parse_json_object(body) else "chat"
-        route = ProxyRoute(state, kind, CHAT_PATH if kind == "chat" else COMPLETIONS_PATH)
+            raise BodyTooLarge(f"request body is larger than {settings.max_body_bytes} bytes")
+        payload = parse_json_object(body)
+        route = routes[COMPLETIONS_PATH if "prompt" in payload else CHAT_PATH]
         headers = {k.lower(): v for k, v in request.headers.items()}
         snapshot = state.snapshot
-        features, decision = route.route(body, headers)
+        features, decision = route.route_payload(payload, headers, snapshot)
         return {
             "decision": {
                 "pool": decision.pool,
@@ -128,4 +129,4 @@ def create_app(
             },
         }
 
-    return SpecgateApp(state, api)
+    return SpecgateApp(state, api, routes)

@@ -27,6 +27,7 @@ from gateway.errors import (
 from gateway.features import RequestFeatures, extract_features
 from gateway.guard import Guard
 from gateway.pools import Booking, Replica
+from gateway.snapshot import Snapshot
 from gateway.state import GatewayState
 from gateway.upstream import DROP_REQUEST, RawHeaders, UpstreamResponse
 
@@ -60,11 +61,15 @@ class ProxyRoute:
         await _Relay(state, self.path, features, decision, headers, started).run(body, receive, send)
 
     def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:
-        payload = parse_json_object(body)
+        return self.route_payload(parse_json_object(body), headers, self.state.snapshot)
+
+    def route_payload(
+        self, payload: dict[str, Any], headers: dict[str, str], snapshot: Snapshot
+    ) -> tuple[RequestFeatures, Decision]:
         ruleset = self.state.ruleset
         features = extract_features(payload, self.kind, headers, ruleset.rules, ruleset.classifier)
         self.state.check_model(features.model)
-        return features, decide(features, self.state.snapshot, ruleset.rules)
+        return features, decide(features, snapshot, ruleset.rules)
 
 
 class _Relay:

@@ -21,11 +21,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import aiohttp
 import orjson
+import uvloop
 from rich.console import Console
 from rich.table import Table
 
+from gateway.bench.lean_client import LeanClient, Measurement
 from gateway.bench.loadgen import percentile, wait_http
 from gateway.servers import free_port
 
@@ -52,6 +53,7 @@ class Result:
     ttfb_p50_ms: float
     ttfb_p99_ms: float
     cpu_ms_per_request: float | None
+    apparatus_busy: float  # CPU the load generator + fake upstream used, as a share of the CPUs they had
 
 
 def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
@@ -67,6 +69,8 @@ def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
     return out
 
 
+BUSY_WARNING = 0.8  # apparatus CPU share above which a scenario's figures are apparatus-bound
+REQUEST_TIMEOUT_S = 120.0
 STARTUP_TIMEOUT_S = 90.0  # generous: a loaded 2-core machine can take long to start Python processes
 TARGETS = ("direct", "minimal-aiohttp-proxy", "specgate", "specgate/raw", "specgate/httpx", "specgate/httpx-aiohttp")
 
@@ -88,8 +92,13 @@ def process(args: list[str], cpu: set[int] | None) -> Iterator[subprocess.Popen[
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of every thread of ``pid``: nanoseconds from schedstat, else the 10 ms ticks of ``stat``."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks) / 1e9
+    except (OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proxy_command(target: str, port: int, upstream: str) -> list[str]:
@@ -102,60 +111,52 @@ def proxy_command(target: str, port: int, upstream: str) -> list[str]:
             "--port", str(port), "--upstream-client", client]  # fmt: skip
 
 
-async def drive(
-    session: aiohttp.ClientSession, url: str, scenario: Scenario
-) -> tuple[list[float], list[float], int, float]:
-    """Send ``scenario.requests`` requests with ``concurrency`` workers; return latencies, TTFBs, errors, wall."""
+async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
+    """Send ``scenario.requests`` requests with ``concurrency`` workers (one keep-alive connection each)."""
     body = orjson.dumps(
         {"model": "fake-model", "stream": scenario.stream, "max_tokens": scenario.chunks,
          "messages": [{"role": "user", "content": "Tell me about the sea."}]}
     )  # fmt: skip
     headers = {"content-type": "application/json", "x-fake-chunks": str(scenario.chunks),
                "x-fake-interval": str(scenario.interval_s)}  # fmt: skip
-    latencies: list[float] = []
-    ttfbs: list[float] = []
-    errors = 0
-    remaining = scenario.requests
-
-    async def worker() -> None:
-        nonlocal remaining, errors
-        while remaining > 0:
-            remaining -= 1
-            start = time.perf_counter()
-            async with session.post(url + "/v1/chat/completions", data=body, headers=headers) as resp:
-                first = await resp.content.readany()
-                ttfb = time.perf_counter() - start
-                while await resp.content.readany():
-                    pass
-                if resp.status != 200 or not first:
-                    errors += 1
-            latencies.append(time.perf_counter() - start)
-            ttfbs.append(ttfb)
-
-    started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(scenario.concurrency)))
-    return latencies, ttfbs, errors, time.perf_counter() - started
+    request = client.request("/v1/chat/completions", body, headers)
+    return await client.run(request, scenario.requests, scenario.concurrency)
 
 
-async def _measure(target: str, url: str, pid: int | None, scenario: Scenario) -> Result:
+@dataclass(frozen=True)
+class Pids:
+    """The processes whose CPU a measurement reads: the proxy (None for direct) and the fake upstream."""
+
+    proxy: int | None
+    upstream: int
+
+
+async def _measure(target: str, url: str, pids: Pids, scenario: Scenario, apparatus_cpus: int) -> Result:
     warmup = Scenario(scenario.name, scenario.stream, scenario.concurrency, scenario.chunks, 0.0,
                       max(40, scenario.concurrency))  # fmt: skip
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:
-        await drive(session, url, warmup)  # also opens every connection the scenario will use
-        cpu_before = cpu_seconds(pid) if pid else 0.0
-        latencies, ttfbs, errors, wall = await drive(session, url, scenario)
-        cpu = (cpu_seconds(pid) - cpu_before) if pid else None
+    client = LeanClient(url, timeout_s=REQUEST_TIMEOUT_S)
+    try:
+        await drive(client, warmup)  # also opens every connection the scenario will use
+        proxy_before = cpu_seconds(pids.proxy) if pids.proxy else 0.0
+        apparatus_before = time.process_time() + cpu_seconds(pids.upstream)
+        run = await drive(client, scenario)
+        apparatus = time.process_time() + cpu_seconds(pids.upstream) - apparatus_before
+        cpu = (cpu_seconds(pids.proxy) - proxy_before) if pids.proxy else None
+    finally:
+        client.close()
+    done = len(run.latencies)
     return Result(
-        target=target, scenario=scenario.name, requests=len(latencies), errors=errors,
-        rps=len(latencies) / wall, p50_ms=percentile(latencies, 50) * 1e3, p99_ms=percentile(latencies, 99) * 1e3,
-        ttfb_p50_ms=percentile(ttfbs, 50) * 1e3, ttfb_p99_ms=percentile(ttfbs, 99) * 1e3,
-        cpu_ms_per_request=None if cpu is None else cpu * 1e3 / len(latencies),
+        target=target, scenario=scenario.name, requests=done + run.errors, errors=run.errors,
+        rps=done / run.wall_s, p50_ms=percentile(run.latencies, 50) * 1e3, p99_ms=percentile(run.latencies, 99) * 1e3,
+        ttfb_p50_ms=percentile(run.ttfbs, 50) * 1e3, ttfb_p99_ms=percentile(run.ttfbs, 99) * 1e3,
+        cpu_ms_per_request=None if cpu is None else cpu * 1e3 / max(1, done),
+        apparatus_busy=apparatus / (run.wall_s * apparatus_cpus),
     )  # fmt: skip
 
 
-def measure(target: str, url: str, pid: int | None, scenario: Scenario) -> Result:
-    return asyncio.run(_measure(target, url, pid, scenario))
+def measure(target: str, url: str, pids: Pids, scenario: Scenario, apparatus_cpus: int) -> Result:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(_measure(target, url, pids, scenario, apparatus_cpus))
 
 
 def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console) -> list[Result]:
@@ -180,18 +181,21 @@ def _run_targets(
     upstream_port = free_port()
     upstream = f"http://127.0.0.1:{upstream_port}"
     results: list[Result] = []
-    upstream_cmd = [sys.executable, "-m", "gateway.bench.fake_upstream", "--port", str(upstream_port)]
-    with process(upstream_cmd, rest):
+    upstream_cmd = [sys.executable, "-m", "gateway.bench.lean_upstream", "--port", str(upstream_port)]
+    apparatus_cpus = len(rest) if rest else len(os.sched_getaffinity(0))
+    with process(upstream_cmd, rest) as upstream_proc:
         wait_http(upstream + "/health", timeout_s=STARTUP_TIMEOUT_S)
         for target in targets:
             if target == "direct":
-                results += [measure(target, upstream, None, s) for s in plan]
+                pids = Pids(None, upstream_proc.pid)
+                results += [measure(target, upstream, pids, s, apparatus_cpus) for s in plan]
                 console.print(f"  measured {target}")
                 continue
             port = free_port()
             with process(proxy_command(target, port, upstream), proxy_cpu) as proc:
                 wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
-                results += [measure(target, f"http://127.0.0.1:{port}", proc.pid, s) for s in plan]
+                pids = Pids(proc.pid, upstream_proc.pid)
+                results += [measure(target, f"http://127.0.0.1:{port}", pids, s, apparatus_cpus) for s in plan]
             console.print(f"  measured {target}")
     return results
 
@@ -213,6 +217,20 @@ def render(results: Sequence[Result], console: Console) -> None:
                 "" if r.cpu_ms_per_request is None else f"{r.cpu_ms_per_request:.3f}", str(r.errors),
             )  # fmt: skip
         console.print(table)
+        warning = busy_warning([r for r in results if r.scenario == scenario])
+        if warning:
+            console.print(f"[yellow]{warning}[/]")
+
+
+def busy_warning(results: Sequence[Result]) -> str | None:
+    """A line to print under a table whose figures the apparatus (its own CPU) limited, else None."""
+    busy = [r for r in results if r.apparatus_busy > BUSY_WARNING]
+    if not busy:
+        return None
+    worst = max(r.apparatus_busy for r in busy)
+    names = ", ".join(f"{r.target} {r.apparatus_busy:.0%}" for r in busy)
+    return (f"warning: the load generator + fake upstream kept their CPU up to {worst:.0%} busy ({names}): "
+            "these figures are apparatus-bound")  # fmt: skip
 
 
 def _delta(result: Result, ref: Result | None, field: str) -> str:

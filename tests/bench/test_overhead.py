@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from gateway.bench.overhead import Scenario, render, run, scenarios
+from gateway.bench.overhead import Result, Scenario, busy_warning, render, run, scenarios
 
 
 def test_overhead_benchmark_runs_every_target_kind() -> None:
@@ -15,6 +15,7 @@ def test_overhead_benchmark_runs_every_target_kind() -> None:
     assert all(r.errors == 0 and r.requests == 30 for r in results)
     proxied = [r for r in results if r.target != "direct"]
     assert all(r.cpu_ms_per_request is not None and r.cpu_ms_per_request >= 0 for r in proxied)
+    assert all(0 < r.apparatus_busy < 2 for r in results)
     render(results, console)
     assert "vs direct" in console.export_text()
 
@@ -23,3 +24,14 @@ def test_scenarios_cover_paced_streams_at_high_concurrency() -> None:
     plan = scenarios(1.0, [1, 64, 256])
     assert any(s.interval_s > 0 and s.concurrency == 256 for s in plan)
     assert {s.stream for s in plan} == {True, False}
+
+
+def test_busy_warning_names_the_targets_whose_apparatus_was_saturated() -> None:
+    def result(target: str, busy: float) -> Result:
+        return Result(target, "paced", 10, 0, 1.0, 1.0, 1.0, 1.0, 1.0, None, busy)
+
+    assert busy_warning([result("direct", 0.5), result("specgate", 0.79)]) is None
+    warning = busy_warning([result("direct", 0.5), result("specgate", 0.93), result("minimal", 0.85)])
+    assert warning is not None
+    assert "up to 93%" in warning and "specgate 93%" in warning and "minimal 85%" in warning
+    assert "direct" not in warning

@@ -10,6 +10,7 @@ timeout; the connection is then dropped and the worker opens a new one for its n
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -110,16 +111,27 @@ class LeanClient:
         lines += [f"{name}: {value}" for name, value in headers.items()]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
-    async def run(self, request: bytes, requests: int, concurrency: int) -> Measurement:
-        """Send ``request`` ``requests`` times from ``concurrency`` workers, each on its own connection."""
+    async def run(
+        self, request: bytes, requests: int, concurrency: int, stagger_s: float = 0.0, think_s: float = 0.0
+    ) -> Measurement:
+        """Send ``request`` ``requests`` times from ``concurrency`` workers, each on its own connection.
+
+        ``stagger_s`` spreads the workers' first requests evenly over that many seconds; ``think_s`` waits a
+        random 0..think_s before each later request, so arrivals don't lock to the moments responses end.
+        """
         result = Measurement()
         remaining = requests
+        pauses = random.Random(requests)  # seeded: runs are repeatable
 
         async def worker(index: int) -> None:
             nonlocal remaining
+            if stagger_s:
+                await asyncio.sleep(stagger_s * index / concurrency)
             while remaining > 0:
                 remaining -= 1
                 await self._exchange(index, request, result)
+                if think_s and remaining > 0:
+                    await asyncio.sleep(pauses.uniform(0, think_s))
 
         started = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))

@@ -65,7 +65,7 @@ def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
         out.append(Scenario(f"non-stream c{c}", False, c, 16, 0.0, n(600 if c == 1 else 3000)))
         out.append(Scenario(f"stream 64 chunks c{c}", True, c, 64, 0.0, n(300 if c == 1 else 1500)))
         if c > 1:
-            out.append(Scenario(f"paced stream 64x20ms c{c}", True, c, 64, 0.02, max(c, n(c * 3))))
+            out.append(Scenario(f"paced stream 64x20ms c{c}", True, c, 64, 0.02, max(2 * c, n(c * 4))))
     return out
 
 
@@ -120,7 +120,10 @@ async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
     headers = {"content-type": "application/json", "x-fake-chunks": str(scenario.chunks),
                "x-fake-interval": str(scenario.interval_s)}  # fmt: skip
     request = client.request("/v1/chat/completions", body, headers)
-    return await client.run(request, scenario.requests, scenario.concurrency)
+    # Paced streams all end on a tick of the upstream's shared clock: without a stagger and a random pause the
+    # workers would send their next requests in lockstep, at the very moment a proxy relays a tick's events.
+    stagger = scenario.chunks * scenario.interval_s
+    return await client.run(request, scenario.requests, scenario.concurrency, stagger, scenario.interval_s)
 
 
 @dataclass(frozen=True)
@@ -138,8 +141,9 @@ async def _measure(target: str, url: str, pids: Pids, scenario: Scenario, appara
     try:
         await drive(client, warmup)  # also opens every connection the scenario will use
         proxy_before = cpu_seconds(pids.proxy) if pids.proxy else 0.0
-        apparatus_before = time.process_time() + cpu_seconds(pids.upstream)
+        apparatus_before, window_before = time.process_time() + cpu_seconds(pids.upstream), time.perf_counter()
         run = await drive(client, scenario)
+        window = time.perf_counter() - window_before
         apparatus = time.process_time() + cpu_seconds(pids.upstream) - apparatus_before
         cpu = (cpu_seconds(pids.proxy) - proxy_before) if pids.proxy else None
     finally:
@@ -150,7 +154,7 @@ async def _measure(target: str, url: str, pids: Pids, scenario: Scenario, appara
         rps=done / run.wall_s, p50_ms=percentile(run.latencies, 50) * 1e3, p99_ms=percentile(run.latencies, 99) * 1e3,
         ttfb_p50_ms=percentile(run.ttfbs, 50) * 1e3, ttfb_p99_ms=percentile(run.ttfbs, 99) * 1e3,
         cpu_ms_per_request=None if cpu is None else cpu * 1e3 / max(1, done),
-        apparatus_busy=apparatus / (run.wall_s * apparatus_cpus),
+        apparatus_busy=apparatus / (window * apparatus_cpus),
     )  # fmt: skip
 
 

@@ -78,3 +78,21 @@ async def test_an_unreachable_server_counts_errors(lean_url: str) -> None:
     client = LeanClient("http://127.0.0.1:1")
     run = await client.run(client.request("/v1/completions", BODY, {}), requests=3, concurrency=1)
     assert run.errors == 3
+
+
+async def test_stagger_delays_later_workers_first_requests(lean_url: str) -> None:
+    client = LeanClient(lean_url)
+    request = client.request("/v1/chat/completions", BODY, {"x-fake-chunks": "4", "x-fake-interval": "0.05"})
+    run = await client.run(request, requests=2, concurrency=2, stagger_s=0.2)
+    client.close()
+    assert run.errors == 0 and len(run.latencies) == 2
+    assert run.wall_s >= 0.1 + min(run.latencies)  # the second worker's stream began 0.1 s in
+
+
+async def test_think_time_pauses_between_a_workers_requests(lean_url: str) -> None:
+    client = LeanClient(lean_url)
+    request = client.request("/v1/chat/completions", BODY, {"x-fake-chunks": "2"})
+    run = await client.run(request, requests=4, concurrency=1, think_s=0.1)
+    client.close()
+    assert run.errors == 0
+    assert run.wall_s >= 0.06 + sum(run.latencies)  # its three seeded pauses of 0..0.1 s sum to 0.074 s

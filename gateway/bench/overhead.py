@@ -1,11 +1,14 @@
 """``specgate bench overhead``: what the gateway costs on the request path, measured side by side.
 
-One run starts a fast fake upstream, then for each target (the upstream called directly, a minimal aiohttp
-proxy, and the gateway with each upstream client) drives the same scenarios through it: non-streaming and
-streaming requests at several concurrencies, unpaced and paced (the upstream waits between chunks, as an
-engine does). It reports requests/s, latency and time-to-first-byte percentiles, what each adds over calling
-the upstream directly, and the CPU the proxy process spent per request (from /proc, so noise from other
-processes does not count). Proxies are pinned to CPU 0, the load generator and the upstream to the others.
+One run starts a lean fake upstream (:mod:`gateway.bench.lean_upstream`), then for each target (the upstream
+called directly, a minimal aiohttp proxy, and the gateway with each upstream client) drives the same scenarios
+through it with a lean load generator (:mod:`gateway.bench.lean_client`): non-streaming and streaming requests
+at several concurrencies, unpaced and paced (the upstream's shared ticker sends each stream's next event every
+interval, as an engine's decode step does). It reports requests/s, latency and time-to-first-byte percentiles,
+what each adds over calling the upstream directly, and the CPU the proxy process spent per request (schedstat
+nanoseconds from /proc, so noise from other processes does not count). Proxies are pinned to CPU 0, the load
+generator and the upstream to the others; when those were more than 80 % busy, a warning under the table says
+the figures are apparatus-bound.
 """
 
 from __future__ import annotations

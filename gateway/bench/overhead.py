@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -29,6 +28,7 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
+from gateway.bench.cpu import CpuMeter, Layout
 from gateway.bench.lean_client import LeanClient, Measurement
 from gateway.bench.loadgen import percentile, wait_http
 from gateway.servers import free_port
@@ -56,7 +56,10 @@ class Result:
     ttfb_p50_ms: float
     ttfb_p99_ms: float
     cpu_ms_per_request: float | None
-    apparatus_busy: float  # CPU the load generator + fake upstream used, as a share of the CPUs they had
+    # the CPU the load generator + fake upstream used, as a share of the CPUs they had, and the largest share of
+    # a benchmark CPU that other processes took (None: the run was too short to tell)
+    apparatus_busy: float | None
+    others_busy: float | None
 
 
 def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
@@ -73,6 +76,7 @@ def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
 
 
 BUSY_WARNING = 0.8  # apparatus CPU share above which a scenario's figures are apparatus-bound
+OTHERS_WARNING = 0.2  # share of a benchmark CPU other processes took above which the figures are noisy
 REQUEST_TIMEOUT_S = 120.0
 STARTUP_TIMEOUT_S = 90.0  # generous: a loaded 2-core machine can take long to start Python processes
 TARGETS = ("direct", "minimal-aiohttp-proxy", "specgate", "specgate/raw", "specgate/httpx", "specgate/httpx-aiohttp")
@@ -92,16 +96,6 @@ def process(args: list[str], cpu: set[int] | None) -> Iterator[subprocess.Popen[
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of ``pid``: nanoseconds from schedstat, else the 10 ms ticks of ``stat``."""
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks) / 1e9
-    except (OSError, ValueError, IndexError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proxy_command(target: str, port: int, upstream: str) -> list[str]:
@@ -129,26 +123,15 @@ async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
     return await client.run(request, scenario.requests, scenario.concurrency, stagger, scenario.interval_s)
 
 
-@dataclass(frozen=True)
-class Pids:
-    """The processes whose CPU a measurement reads: the proxy (None for direct) and the fake upstream."""
-
-    proxy: int | None
-    upstream: int
-
-
-async def _measure(target: str, url: str, pids: Pids, scenario: Scenario, apparatus_cpus: int) -> Result:
+async def _measure(target: str, url: str, meter: CpuMeter, scenario: Scenario) -> Result:
     warmup = Scenario(scenario.name, scenario.stream, scenario.concurrency, scenario.chunks, 0.0,
                       max(40, scenario.concurrency))  # fmt: skip
     client = LeanClient(url, timeout_s=REQUEST_TIMEOUT_S)
     try:
         await drive(client, warmup)  # also opens every connection the scenario will use
-        proxy_before = cpu_seconds(pids.proxy) if pids.proxy else 0.0
-        apparatus_before, window_before = time.process_time() + cpu_seconds(pids.upstream), time.perf_counter()
+        meter.start()
         run = await drive(client, scenario)
-        window = time.perf_counter() - window_before
-        apparatus = time.process_time() + cpu_seconds(pids.upstream) - apparatus_before
-        cpu = (cpu_seconds(pids.proxy) - proxy_before) if pids.proxy else None
+        cpu = meter.stop()
     finally:
         client.close()
     done = len(run.latencies)
@@ -156,14 +139,14 @@ async def _measure(target: str, url: str, pids: Pids, scenario: Scenario, appara
         target=target, scenario=scenario.name, requests=done + run.errors, errors=run.errors,
         rps=done / run.wall_s, p50_ms=percentile(run.latencies, 50) * 1e3, p99_ms=percentile(run.latencies, 99) * 1e3,
         ttfb_p50_ms=percentile(run.ttfbs, 50) * 1e3, ttfb_p99_ms=percentile(run.ttfbs, 99) * 1e3,
-        cpu_ms_per_request=None if cpu is None else cpu * 1e3 / max(1, done),
-        apparatus_busy=apparatus / (window * apparatus_cpus),
+        cpu_ms_per_request=None if cpu.proxy_s is None else cpu.proxy_s * 1e3 / max(1, done),
+        apparatus_busy=cpu.apparatus_busy, others_busy=cpu.others_busy,
     )  # fmt: skip
 
 
-def measure(target: str, url: str, pids: Pids, scenario: Scenario, apparatus_cpus: int) -> Result:
+def measure(target: str, url: str, meter: CpuMeter, scenario: Scenario) -> Result:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_measure(target, url, pids, scenario, apparatus_cpus))
+        return runner.run(_measure(target, url, meter, scenario))
 
 
 def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console) -> list[Result]:
@@ -172,8 +155,10 @@ def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console) -> l
     rest = set(cpus[1:]) if len(cpus) > 1 else None
     if rest:
         os.sched_setaffinity(0, rest)
+    everything = frozenset(cpus)
+    layout = Layout(frozenset(proxy_cpu or everything), frozenset(rest or everything))
     try:
-        return _run_targets(targets, plan, console, proxy_cpu, rest)
+        return _run_targets(targets, plan, console, proxy_cpu, rest, layout)
     finally:
         os.sched_setaffinity(0, set(cpus))
 
@@ -184,25 +169,25 @@ def _run_targets(
     console: Console,
     proxy_cpu: set[int] | None,
     rest: set[int] | None,
+    layout: Layout,
 ) -> list[Result]:
     upstream_port = free_port()
     upstream = f"http://127.0.0.1:{upstream_port}"
     results: list[Result] = []
     upstream_cmd = [sys.executable, "-m", "gateway.bench.lean_upstream", "--port", str(upstream_port)]
-    apparatus_cpus = len(rest) if rest else len(os.sched_getaffinity(0))
     with process(upstream_cmd, rest) as upstream_proc:
         wait_http(upstream + "/health", timeout_s=STARTUP_TIMEOUT_S)
         for target in targets:
             if target == "direct":
-                pids = Pids(None, upstream_proc.pid)
-                results += [measure(target, upstream, pids, s, apparatus_cpus) for s in plan]
+                meter = CpuMeter(layout, upstream_proc.pid, proxy_pid=None)
+                results += [measure(target, upstream, meter, s) for s in plan]
                 console.print(f"  measured {target}")
                 continue
             port = free_port()
             with process(proxy_command(target, port, upstream), proxy_cpu) as proc:
                 wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
-                pids = Pids(proc.pid, upstream_proc.pid)
-                results += [measure(target, f"http://127.0.0.1:{port}", pids, s, apparatus_cpus) for s in plan]
+                meter = CpuMeter(layout, upstream_proc.pid, proc.pid)
+                results += [measure(target, f"http://127.0.0.1:{port}", meter, s) for s in plan]
             console.print(f"  measured {target}")
     return results
 
@@ -224,20 +209,25 @@ def render(results: Sequence[Result], console: Console) -> None:
                 "" if r.cpu_ms_per_request is None else f"{r.cpu_ms_per_request:.3f}", str(r.errors),
             )  # fmt: skip
         console.print(table)
-        warning = busy_warning([r for r in results if r.scenario == scenario])
-        if warning:
+        for warning in busy_warnings([r for r in results if r.scenario == scenario]):
             console.print(f"[yellow]{warning}[/]")
 
 
-def busy_warning(results: Sequence[Result]) -> str | None:
-    """A line to print under a table whose figures the apparatus (its own CPU) limited, else None."""
-    busy = [r for r in results if r.apparatus_busy > BUSY_WARNING]
-    if not busy:
-        return None
-    worst = max(r.apparatus_busy for r in busy)
-    names = ", ".join(f"{r.target} {r.apparatus_busy:.0%}" for r in busy)
-    return (f"warning: the load generator + fake upstream kept their CPU up to {worst:.0%} busy ({names}): "
-            "these figures are apparatus-bound")  # fmt: skip
+def busy_warnings(results: Sequence[Result]) -> list[str]:
+    """Lines to print under a table whose figures the apparatus's own CPU limited or other processes disturbed."""
+    warnings = []
+    bound = [(r.target, r.apparatus_busy) for r in results if r.apparatus_busy and r.apparatus_busy > BUSY_WARNING]
+    if bound:
+        worst = max(share for _, share in bound)
+        names = ", ".join(f"{target} {share:.0%}" for target, share in bound)
+        warnings.append(f"warning: the load generator + fake upstream kept their CPU up to {worst:.0%} busy "
+                        f"({names}): these figures are apparatus-bound")  # fmt: skip
+    noisy = [(r.target, r.others_busy) for r in results if r.others_busy is not None and r.others_busy > OTHERS_WARNING]
+    if noisy:
+        names = ", ".join(f"{target} {share:.0%}" for target, share in noisy)
+        warnings.append(f"warning: other processes took up to {max(s for _, s in noisy):.0%} of a benchmark CPU "
+                        f"({names}): these figures are noisy")  # fmt: skip
+    return warnings
 
 
 def _delta(result: Result, ref: Result | None, field: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from gateway.bench.overhead import Result, Scenario, busy_warning, render, run, scenarios
+from gateway.bench.overhead import Result, Scenario, busy_warnings, render, run, scenarios
 
 
 def test_overhead_benchmark_runs_every_target_kind() -> None:
@@ -15,7 +15,8 @@ def test_overhead_benchmark_runs_every_target_kind() -> None:
     assert all(r.errors == 0 and r.requests == 30 for r in results)
     proxied = [r for r in results if r.target != "direct"]
     assert all(r.cpu_ms_per_request is not None and r.cpu_ms_per_request >= 0 for r in proxied)
-    assert all(0 < r.apparatus_busy < 2 for r in results)
+    assert all(r.apparatus_busy is None or 0 < r.apparatus_busy < 2 for r in results)
+    assert all(r.others_busy is None or -1 < r.others_busy < 1 for r in results)
     render(results, console)
     assert "vs direct" in console.export_text()
 
@@ -26,12 +27,18 @@ def test_scenarios_cover_paced_streams_at_high_concurrency() -> None:
     assert {s.stream for s in plan} == {True, False}
 
 
-def test_busy_warning_names_the_targets_whose_apparatus_was_saturated() -> None:
-    def result(target: str, busy: float) -> Result:
-        return Result(target, "paced", 10, 0, 1.0, 1.0, 1.0, 1.0, 1.0, None, busy)
+def result(target: str, busy: float, others: float | None = None) -> Result:
+    return Result(target, "paced", 10, 0, 1.0, 1.0, 1.0, 1.0, 1.0, None, busy, others)
 
-    assert busy_warning([result("direct", 0.5), result("specgate", 0.79)]) is None
-    warning = busy_warning([result("direct", 0.5), result("specgate", 0.93), result("minimal", 0.85)])
-    assert warning is not None
+
+def test_busy_warnings_name_the_targets_whose_apparatus_was_saturated() -> None:
+    assert busy_warnings([result("direct", 0.5), result("specgate", 0.79, 0.1)]) == []
+    [warning] = busy_warnings([result("direct", 0.5), result("specgate", 0.93), result("minimal", 0.85)])
     assert "up to 93%" in warning and "specgate 93%" in warning and "minimal 85%" in warning
-    assert "direct" not in warning
+    assert "direct" not in warning and "apparatus-bound" in warning
+
+
+def test_busy_warnings_name_the_targets_other_processes_disturbed() -> None:
+    [warning] = busy_warnings([result("direct", 0.5, None), result("specgate", 0.3, 0.45), result("raw", 0.3, 0.1)])
+    assert "other processes took up to 45%" in warning and "specgate 45%" in warning
+    assert "raw" not in warning and "direct" not in warning

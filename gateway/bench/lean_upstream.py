@@ -11,9 +11,9 @@ What makes it cheap enough to measure a proxy's sub-millisecond cost against:
 
 - Response bodies are serialised once per (chat or completions, event count, usage event) and reused; the
   request body is parsed once (``orjson.loads``) only to learn ``stream`` and the kind.
-- A stream's head and first event go out at once (an engine after prefill). Unpaced, the rest follow back to
-  back, one ``transport.write`` per event as vLLM does (not coalesced: a proxy's per-chunk cost is what a
-  benchmark measures). Paced, ONE shared ticker per interval value (an engine's decode step) gives every
+- A stream's head and first event go out at once, in one write (an engine after prefill; uvicorn, too, sends
+  the head with the first body chunk). Unpaced, the rest follow back to back, one ``transport.write`` per
+  event as vLLM does (not coalesced: a proxy's per-chunk cost is what a benchmark measures). Paced, ONE shared ticker per interval value (an engine's decode step) gives every
   active stream with that interval its next event, so there is one timer for all streams, not one per event.
   The last event is followed at once by the tail (usage event if asked, ``[DONE]``, the final chunk).
 - Flow control: a stream whose transport asked to pause writing gets nothing until it resumes (a paced one
@@ -180,6 +180,7 @@ class ServerConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._pending: deque[_Request] = deque()
         self._stream: StreamBody | None = None
+        self._head = b""
         self._next_event = 0
         self._keep_alive = True
         self._ticker: Ticker | None = None
@@ -280,7 +281,7 @@ class ServerConnection(asyncio.Protocol):
 
     def _start_stream(self, stream: StreamBody, interval: float) -> None:
         self._stream, self._next_event = stream, 0
-        self._write(_STREAM_HEAD + (b"\r\n" if self._keep_alive else b"connection: close\r\n\r\n"))
+        self._head = _STREAM_HEAD + (b"\r\n" if self._keep_alive else b"connection: close\r\n\r\n")
         if self.write_next_event() or self.closed:
             return
         if interval > 0:
@@ -299,14 +300,17 @@ class ServerConnection(asyncio.Protocol):
         if stream is None or self.closed:
             return True
         if self._next_event < len(stream.events):
-            self._write(stream.events[self._next_event])
+            event = stream.events[self._next_event]
+            self._write(self._head + event if self._head else event)  # the head goes out with the first event
+            self._head = b""
             self._next_event += 1
         if self._next_event < len(stream.events):
             return False
         if self._ticker is not None:
             self._ticker.discard(self)
             self._ticker = None
-        self._finish(stream.tail)
+        tail, self._head = self._head + stream.tail, b""  # the head is still here when there were no events
+        self._finish(tail)
         return True
 
     def _finish(self, data: bytes) -> None:

@@ -173,8 +173,9 @@ async def test_unpaced_stream_writes_each_event_separately_and_honours_pause_wri
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-fake-chunks: 10\r\n"
         b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
     )
-    assert len(transport.writes) == 4  # the head, then events 1..3; then the transport asked to pause
+    assert len(transport.writes) == 4  # the head with event 1, then events 2..4; then the transport asked to pause
     conn.resume_writing()
-    assert len(transport.writes) == 1 + 10 + 1  # head, one write per event, the tail
-    assert all(w.count(b"data: ") == 1 for w in transport.writes[1:11])
+    assert len(transport.writes) == 10 + 1  # one write per event, then the tail
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert all(w.count(b"data: ") == 1 for w in transport.writes[:10])
     assert transport.writes[-1].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")

@@ -13,8 +13,9 @@ What makes it cheap enough to measure a proxy's sub-millisecond cost against:
   request body is parsed once (``orjson.loads``) only to learn ``stream`` and the kind.
 - A stream's head and first event go out at once, in one write (an engine after prefill; uvicorn, too, sends
   the head with the first body chunk). Unpaced, the rest follow back to back, one ``transport.write`` per
-  event as vLLM does (not coalesced: a proxy's per-chunk cost is what a benchmark measures). Paced, ONE shared ticker per interval value (an engine's decode step) gives every
-  active stream with that interval its next event, so there is one timer for all streams, not one per event.
+  event as vLLM does (not coalesced: a proxy's per-chunk cost is what a benchmark measures). Paced, ONE
+  shared ticker per interval value (an engine's decode step) gives every active stream with that interval its
+  next event, so there is one timer for all streams, not one per event.
   The last event is followed at once by the tail (usage event if asked, ``[DONE]``, the final chunk).
 - Flow control: a stream whose transport asked to pause writing gets nothing until it resumes (a paced one
   then continues at the next tick); a client that disconnects is dropped from its ticker.

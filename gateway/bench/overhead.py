@@ -68,7 +68,9 @@ def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
 
 
 STARTUP_TIMEOUT_S = 90.0  # generous: a loaded 2-core machine can take long to start Python processes
-TARGETS = ("direct", "minimal-aiohttp-proxy", "specgate", "specgate/raw", "specgate/httpx", "specgate/httpx-aiohttp")
+TARGETS = (
+    "direct", "minimal-aiohttp-proxy", "specgate", "specgate/aiohttp", "specgate/httpx", "specgate/httpx-aiohttp"
+)  # fmt: skip
 
 
 @contextmanager
@@ -96,7 +98,7 @@ def proxy_command(target: str, port: int, upstream: str) -> list[str]:
     py = sys.executable
     if target == "minimal-aiohttp-proxy":
         return [py, "-m", "gateway.bench.minimal_proxy", "--port", str(port), "--upstream", upstream]
-    client = {"specgate": "aiohttp", "specgate/raw": "raw", "specgate/httpx": "httpx",
+    client = {"specgate": "auto", "specgate/aiohttp": "aiohttp", "specgate/httpx": "httpx",
               "specgate/httpx-aiohttp": "httpx-aiohttp"}[target]  # fmt: skip
     return [py, "-m", "gateway.cli", "serve", "--standard", upstream, "--speculative", upstream,
             "--port", str(port), "--upstream-client", client]  # fmt: skip

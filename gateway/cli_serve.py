@@ -12,6 +12,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import Settings
+from gateway.direct import DirectBodyProtocol
 from gateway.errors import RulesError
 from gateway.rules import load_rules
 
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--speculative", help="speculative pool replica URLs, comma-separated")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8080)")
-    serve.add_argument("--upstream-client", choices=["aiohttp", "httpx", "httpx-aiohttp", "raw"])
+    serve.add_argument("--upstream-client", choices=["auto", "raw", "aiohttp", "httpx", "httpx-aiohttp"])
     serve.set_defaults(func=run_serve)
 
     rules = sub.add_parser("rules", help="work with rules files")
@@ -64,7 +65,7 @@ def run_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http="httptools",
+        http=DirectBodyProtocol,  # uvicorn's httptools protocol plus the relay's direct-write extension
         log_level=settings.log_level,
         access_log=False,
         proxy_headers=False,  # routing never reads the client address; skip the middleware on the hot path

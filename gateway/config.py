@@ -38,7 +38,7 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(default=5.0, gt=0)
     first_byte_timeout_s: float = Field(default=600.0, gt=0)  # until the response headers / first stream chunk
     idle_timeout_s: float = Field(default=120.0, gt=0)  # between two stream chunks
-    upstream_client: Literal["aiohttp", "httpx", "httpx-aiohttp", "raw"] = "aiohttp"
+    upstream_client: Literal["auto", "raw", "aiohttp", "httpx", "httpx-aiohttp"] = "auto"
     max_connections: int = Field(default=0, ge=0)  # per upstream host; 0 = no limit
 
     health_interval_s: float = Field(default=2.0, gt=0)

@@ -13,11 +13,12 @@ from starlette.types import Receive
 
 
 class Guard:
-    __slots__ = ("_sweeper", "_task", "_watcher", "deadline", "reason")
+    __slots__ = ("_sweeper", "_task", "_watcher", "deadline", "loop", "reason")
 
     def __init__(self, sweeper: Sweeper, deadline: float) -> None:
         self._sweeper = sweeper
         self._task = asyncio.current_task()
+        self.loop = asyncio.get_running_loop()
         self._watcher: asyncio.Task[None] | None = None
         self.deadline = deadline
         self.reason: str | None = None  # "disconnect" or "timeout" once fired

@@ -15,6 +15,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from gateway.decide import Decision, decide
+from gateway.direct import DirectBody, direct_body
 from gateway.errors import (
     BodyTooLarge,
     GatewayError,
@@ -58,7 +59,8 @@ class ProxyRoute:
         state.metrics.route_step.observe(time.perf_counter() - started)
         state.qps.record(time.monotonic())
         state.signals.record_request(time.time())
-        await _Relay(state, self.path, features, decision, headers, started).run(body, receive, send)
+        relay = _Relay(state, self.path, features, decision, headers, started)
+        await relay.run(body, receive, send, direct_body(scope))
 
     def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:
         return self.route_payload(parse_json_object(body), headers, self.state.snapshot)
@@ -97,9 +99,15 @@ class _Relay:
         self.tokens = 0
         self.booking: Booking | None = None
         self.retried = False
+        # Per-stream relay state, updated for every chunk (also from the direct sink, outside any task).
+        self.events = 0
+        self.usage: int | None = None
+        self._guard: Guard | None = None
+        self._writer: DirectBody | None = None
 
-    async def run(self, body: bytes, receive: Receive, send: Send) -> None:
-        guard = self.state.sweeper.guard(self.state.settings.first_byte_timeout_s)
+    async def run(self, body: bytes, receive: Receive, send: Send, writer: DirectBody | None = None) -> None:
+        guard = self._guard = self.state.sweeper.guard(self.state.settings.first_byte_timeout_s)
+        self._writer = writer
         guard.watch_disconnect(receive)
         try:
             response, first, chunks = await self._open(body, guard)
@@ -180,24 +188,38 @@ class _Relay:
         await send({"type": "http.response.start", "status": response.status, "headers": headers + _STREAM_HEADERS})
         await send({"type": "http.response.body", "body": first, "more_body": True})
         self.ttft = time.perf_counter() - self.started
-        events = first.count(b"data: ")
-        usage = _usage_tokens(first)
+        self.events = first.count(b"data: ")
+        self.usage = _usage_tokens(first)
         loop, idle = asyncio.get_running_loop(), self.state.settings.idle_timeout_s
         guard.deadline = loop.time() + idle
+        pipe, writer = response.piper(), self._writer
         try:
-            while chunk := await chunks():
-                guard.deadline = loop.time() + idle
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                events += chunk.count(b"data: ")
-                if _USAGE_KEY in chunk:
-                    usage = _usage_tokens(chunk)
+            if pipe is not None and writer is not None and writer.usable():
+                await pipe(self._relay_direct, writer.drain)  # chunks skip the task: see gateway.direct
+            else:
+                while chunk := await chunks():
+                    guard.deadline = loop.time() + idle
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    self._count(chunk)
         except response.read_errors as exc:
             raise UpstreamError(f"upstream broke off the stream: {exc}") from exc
         finally:
             await response.close()
         guard.settle()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-        self.tokens = usage or max(events - 1, 0)  # the last event is [DONE]
+        self.tokens = self.usage or max(self.events - 1, 0)  # the last event is [DONE]
+
+    def _relay_direct(self, chunk: bytes) -> bool:
+        """The pipe's sink: runs in the upstream connection's read callback, once per socket read."""
+        assert self._guard is not None and self._writer is not None
+        self._guard.deadline = self._guard.loop.time() + self.state.settings.idle_timeout_s
+        self._count(chunk)
+        return self._writer.write(chunk)
+
+    def _count(self, chunk: bytes) -> None:
+        self.events += chunk.count(b"data: ")
+        if _USAGE_KEY in chunk:
+            self.usage = _usage_tokens(chunk)
 
     async def _fail(self, send: Send, exc: GatewayError) -> None:
         if self.ttft is None:

@@ -26,7 +26,7 @@ import httptools
 
 from gateway.config import Settings
 from gateway.errors import UpstreamConnectError, UpstreamTimeout
-from gateway.upstream import RawHeaders, UpstreamResponse, relayable
+from gateway.upstream import Pipe, RawHeaders, Sink, UpstreamResponse, relayable
 
 HIGH_WATER = 1024 * 1024  # buffered body bytes at which a streamed response stops reading the socket
 _TARGET_CACHE_LIMIT = 1024
@@ -149,6 +149,8 @@ class _RawResponse:
         self._streaming = False
         self._paused = False
         self._until_eof = False
+        self._sink: Sink | None = None
+        self._blocked = False  # the pipe's sink asked to wait for the downstream to drain
         self.got_bytes = False
         conn.response = self
 
@@ -160,6 +162,27 @@ class _RawResponse:
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(RawClientError(f"unparseable response from the upstream: {exc}"))
             self._transport.abort()
+            return
+        if self._sink is not None and self._chunks:
+            self._flush(self._sink)
+
+    def _flush(self, sink: Sink) -> None:
+        """Hand what one socket read carried to the pipe's sink; pause reading when it asks to wait."""
+        chunks = self._chunks
+        self._chunks = []
+        self._size = 0
+        try:
+            more = sink(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        except Exception as exc:  # a bug in the sink must not escape into the event loop's protocol call
+            self._fail(RawClientError(f"relaying the body failed: {exc!r}"))
+            self._transport.abort()
+            return
+        if not more:
+            self._blocked = True
+            if self._conn is not None and not self._paused:
+                self._transport.pause_reading()
+                self._paused = True
+            self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._done:
@@ -213,7 +236,7 @@ class _RawResponse:
         self._size += len(body)
         if self._waiter is not None:
             self._wake()
-        if self._streaming and self._size > HIGH_WATER and not self._paused:
+        if self._streaming and self._sink is None and self._size > HIGH_WATER and not self._paused:
             self._transport.pause_reading()
             self._paused = True
 
@@ -262,6 +285,37 @@ class _RawResponse:
             if self._done:
                 return b""
             await self._wait()
+
+    def piper(self) -> Pipe:
+        self._streaming = True
+        return self._pipe
+
+    async def _pipe(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> None:
+        """Relay the rest of the body through ``sink``, called from the protocol callback for each socket read.
+
+        No task wakes per chunk: this coroutine wakes only when the body ends, fails, or the sink asked to
+        wait (then it awaits ``drain`` and resumes reading the socket).
+        """
+        self._sink = sink
+        if self._chunks:
+            self._flush(sink)
+        try:
+            while self._error is None and not self._done:
+                if self._blocked:
+                    await drain()
+                    self._blocked = False
+                    continue  # the response may have ended or failed meanwhile
+                if self._paused and self._conn is not None:
+                    self._paused = False
+                    self._transport.resume_reading()
+                await self._wait()
+            if self._error is not None:
+                raise self._error
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        finally:
+            self._sink = None
 
     async def close(self) -> None:
         self._finish(keep=False)  # a no-op once the response completed and its connection went back

@@ -15,6 +15,8 @@ from typing import Any
 import uvicorn
 from aiohttp import web
 
+from gateway.direct import DirectBodyProtocol
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now (for servers started as other processes)."""
@@ -94,7 +96,9 @@ class ThreadServer:
 
     async def _serve_asgi(self) -> None:
         assert self._stop is not None
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on", http="httptools")
+        config = uvicorn.Config(
+            self.app, log_level="warning", access_log=False, lifespan="on", http=DirectBodyProtocol
+        )  # what `specgate serve` runs
         server = uvicorn.Server(config)
         serving = asyncio.create_task(server.serve(sockets=[self._sock]))
         while not server.started:

@@ -5,9 +5,10 @@ mapped to the gateway's own (:class:`UpstreamConnectError`, :class:`UpstreamTime
 Timeouts for the first byte and for idle streams are enforced by the caller's :class:`gateway.guard.Guard`,
 which costs one float store per chunk instead of a timer per read.
 
-Implementations: aiohttp (the default: measured several times cheaper per request than httpx, see
-``specgate bench overhead``), httpx (optionally with the httpx-aiohttp transport), kept for comparison, and
-the lean httptools-based client in :mod:`gateway.rawclient` ("raw").
+Implementations: the lean httptools-based client in :mod:`gateway.rawclient` ("raw", plain HTTP only),
+aiohttp (measured several times cheaper per request than httpx, see ``specgate bench overhead``), and httpx
+(optionally with the httpx-aiohttp transport), kept for comparison. The default, "auto", uses the raw client
+for ``http://`` replicas and aiohttp for ``https://`` ones.
 """
 
 from __future__ import annotations
@@ -40,11 +41,18 @@ DROP_REQUEST = frozenset(
 )
 
 RawHeaders = list[tuple[bytes, bytes]]
+Sink = Callable[[bytes], bool]  # takes a body chunk; False: wait for the drain before the next one
+Pipe = Callable[[Sink, Callable[[], Awaitable[None]]], Awaitable[None]]
 
 
 class UpstreamResponse(Protocol):
     """A response whose head is in. ``reader()`` returns the library's own read-some-bytes coroutine
-    function (``b""`` at the end), so relaying a chunk costs no wrapper; it raises ``read_errors``."""
+    function (``b""`` at the end), so relaying a chunk costs no wrapper; it raises ``read_errors``.
+
+    ``piper()`` returns a pipe when the client can push the rest of the body into a synchronous sink from
+    its protocol callbacks (the raw client can; aiohttp and httpx return None): ``await pipe(sink, drain)``
+    ends with the body and raises ``read_errors``.
+    """
 
     status: int
     headers: RawHeaders  # relayable headers, lower-case names
@@ -52,6 +60,7 @@ class UpstreamResponse(Protocol):
 
     async def read(self) -> bytes: ...
     def reader(self) -> Callable[[], Awaitable[bytes]]: ...
+    def piper(self) -> Pipe | None: ...
     async def close(self) -> None: ...
 
 
@@ -82,6 +91,9 @@ class _AiohttpResponse:
 
     def reader(self) -> Callable[[], Awaitable[bytes]]:
         return self._resp.content.readany
+
+    def piper(self) -> Pipe | None:
+        return None
 
     async def close(self) -> None:
         self._resp.close()
@@ -139,6 +151,9 @@ class _HttpxResponse:
 
         return next_chunk
 
+    def piper(self) -> Pipe | None:
+        return None
+
     async def close(self) -> None:
         await self._resp.aclose()
 
@@ -173,7 +188,33 @@ class HttpxUpstream:
         return _HttpxResponse(resp)
 
 
+class AutoUpstream:
+    """The default: the raw client for ``http://`` replicas (the cheapest, see ``specgate bench overhead``),
+    aiohttp for ``https://`` ones (the raw client speaks no TLS)."""
+
+    def __init__(self, settings: Settings) -> None:
+        from gateway.rawclient import RawUpstream  # it builds on this module's types
+
+        self._plain = RawUpstream(settings)
+        self._tls = AiohttpUpstream(settings)
+
+    async def start(self) -> None:
+        await self._plain.start()
+        await self._tls.start()
+
+    async def close(self) -> None:
+        await self._plain.close()
+        await self._tls.close()
+
+    async def send(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+        if url.startswith("http://"):
+            return await self._plain.send(url, body, headers)
+        return await self._tls.send(url, body, headers)
+
+
 def make_upstream(settings: Settings) -> Upstream:
+    if settings.upstream_client == "auto":
+        return AutoUpstream(settings)
     if settings.upstream_client == "raw":
         from gateway.rawclient import RawUpstream  # it builds on this module's types
 

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.conftest import Gateway
 
 
+@pytest.fixture
+def sync_loop() -> Iterator[None]:
+    """LiteLLM's sync calls take the thread's event loop for their logging hooks (``asyncio.get_event_loop()``,
+    which makes one and never closes it); lend them one and close it afterwards."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+@pytest.mark.usefixtures("sync_loop")
 def test_litellm_completion_and_stream(gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the cost map from the network
     import litellm  # imported here, after the variable above is set

@@ -236,7 +236,7 @@ def test_explain_decides_without_forwarding(gateway: StartGateway, upstreams: Up
     assert upstreams.standard.requests == upstreams.speculative.requests == 0
 
 
-@pytest.mark.parametrize("client", ["httpx", "httpx-aiohttp", "raw"])
+@pytest.mark.parametrize("client", ["aiohttp", "httpx", "httpx-aiohttp", "raw"])
 def test_other_upstream_clients_relay_the_same(gateway: StartGateway, upstreams: Upstreams, client: str) -> None:
     gw = gateway(upstream_client=client)
     with httpx.Client(base_url=gw.url, timeout=10) as http:

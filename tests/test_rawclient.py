@@ -308,3 +308,69 @@ def test_works_on_uvloop(recorder: Any) -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         assert runner.run(scenario()) == [b"fixed:0", b"fixed:1", b"fixed:2", b"part0;part1;part2;part3;part4;"]
     assert len(set(rec.peers)) == 1
+
+
+async def test_pipe_relays_the_rest_of_the_body_through_the_sink(client: Any, recorder: Any) -> None:
+    _, url = recorder
+    r = await (await client()).send(f"{url}/chunked", b"{}", {})
+    first = await r.reader()()
+    pipe = r.piper()
+    assert pipe is not None
+    got: list[bytes] = []
+
+    async def never_called() -> None:
+        raise AssertionError("the sink never asked to wait")
+
+    await pipe(lambda chunk: got.append(chunk) is None, never_called)
+    assert first + b"".join(got) == b"part0;part1;part2;part3;part4;"
+
+
+async def test_pipe_stops_reading_while_the_sink_waits_for_its_drain(client: Any, recorder: Any) -> None:
+    _, url = recorder
+    raw = await client()
+    r = await raw.send(f"{url}/chunked", b"{}", {"x-size": str(len(BIG))})
+    first = await r.reader()()
+    pipe = r.piper()
+    assert pipe is not None
+    got: list[bytes] = []
+    drained = asyncio.Event()
+    drains = 0
+
+    def sink(chunk: bytes) -> bool:
+        got.append(chunk)
+        return len(got) != 1  # the first chunk fills the "client": wait for its drain
+
+    async def drain() -> None:
+        nonlocal drains
+        drains += 1
+        await drained.wait()
+
+    task = asyncio.create_task(pipe(sink, drain))
+    await wait_until(lambda: drains == 1, "the pipe to wait for the drain")
+    await asyncio.sleep(0.2)  # the server keeps sending, but nothing is read meanwhile
+    assert len(got) == 1 and not r._transport.is_reading()  # type: ignore[attr-defined]
+    drained.set()
+    await asyncio.wait_for(task, 10)
+    assert first + b"".join(got) == BIG and drains == 1
+    again = await raw.send(f"{url}/fixed", b"{}", {"x-id": "after"})  # the connection went back, reading again
+    assert await again.read() == b"fixed:after"
+
+
+async def test_a_failing_sink_fails_the_pipe_and_drops_the_connection(client: Any, recorder: Any) -> None:
+    rec, url = recorder
+    raw = await client()
+    r = await raw.send(f"{url}/chunked", b"{}", {"x-size": str(len(BIG))})
+    await r.reader()()
+    pipe = r.piper()
+    assert pipe is not None
+
+    def sink(chunk: bytes) -> bool:
+        raise ValueError("boom")
+
+    async def drain() -> None:
+        return None
+
+    with pytest.raises(RawClientError, match="relaying the body failed"):
+        await asyncio.wait_for(pipe(sink, drain), 10)
+    assert await (await raw.send(f"{url}/fixed", b"{}", {"x-id": "1"})).read() == b"fixed:1"
+    assert len(set(rec.peers)) == 2  # the failed connection was not reused

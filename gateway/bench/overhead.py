@@ -79,7 +79,9 @@ BUSY_WARNING = 0.8  # apparatus CPU share above which a scenario's figures are a
 OTHERS_WARNING = 0.2  # share of a benchmark CPU other processes took above which the figures are noisy
 REQUEST_TIMEOUT_S = 120.0
 STARTUP_TIMEOUT_S = 90.0  # generous: a loaded 2-core machine can take long to start Python processes
-TARGETS = ("direct", "minimal-aiohttp-proxy", "specgate", "specgate/raw", "specgate/httpx", "specgate/httpx-aiohttp")
+TARGETS = (
+    "direct", "minimal-aiohttp-proxy", "specgate", "specgate/aiohttp", "specgate/httpx", "specgate/httpx-aiohttp"
+)  # fmt: skip
 
 
 @contextmanager
@@ -102,7 +104,7 @@ def proxy_command(target: str, port: int, upstream: str) -> list[str]:
     py = sys.executable
     if target == "minimal-aiohttp-proxy":
         return [py, "-m", "gateway.bench.minimal_proxy", "--port", str(port), "--upstream", upstream]
-    client = {"specgate": "aiohttp", "specgate/raw": "raw", "specgate/httpx": "httpx",
+    client = {"specgate": "auto", "specgate/aiohttp": "aiohttp", "specgate/httpx": "httpx",
               "specgate/httpx-aiohttp": "httpx-aiohttp"}[target]  # fmt: skip
     return [py, "-m", "gateway.cli", "serve", "--standard", upstream, "--speculative", upstream,
             "--port", str(port), "--upstream-client", client]  # fmt: skip

@@ -1,0 +1,125 @@
+"""The streaming relay's direct path (uvicorn protocol extension + the raw client's pipe), through a real gateway."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.direct import DirectBody
+from tests.conftest import Gateway, Upstreams
+
+StartGateway = Callable[..., Gateway]
+
+
+@pytest.fixture
+def direct_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts DirectBody writes and drains (the gateway runs in this process, in a thread)."""
+    calls = {"write": 0, "drain": 0}
+    write, drain = DirectBody.write, DirectBody.drain
+
+    def counting_write(self: DirectBody, body: bytes) -> bool:
+        calls["write"] += 1
+        return write(self, body)
+
+    async def counting_drain(self: DirectBody) -> None:
+        calls["drain"] += 1
+        await drain(self)
+
+    monkeypatch.setattr(DirectBody, "write", counting_write)
+    monkeypatch.setattr(DirectBody, "drain", counting_drain)
+    return calls
+
+
+def stream_body(**extra: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def event_indices(lines: list[str]) -> list[int]:
+    events = [orjson.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    return [int(e["choices"][0]["delta"]["content"][1:].strip()) for e in events if e["choices"]]
+
+
+def test_default_gateway_relays_streams_through_the_direct_writer(
+    gateway: StartGateway, upstreams: Upstreams, direct_calls: dict[str, int]
+) -> None:
+    gw = gateway()
+    body = stream_body(stream_options={"include_usage": True})
+    with (
+        httpx.Client(base_url=gw.url, timeout=10) as client,
+        client.stream("POST", "/v1/chat/completions", json=body, headers={"x-fake-chunks": "64"}) as r,
+    ):
+        lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200 and r.headers["x-accel-buffering"] == "no"
+    assert event_indices(lines) == list(range(64)) and lines[-1] == "data: [DONE]"
+    assert direct_calls["write"] >= 1
+    # the relay ended cleanly and counted tokens from the relayed bytes: TPOT observed once
+    assert gw.sample("specgate_tpot_seconds_count", pool="standard") == 1
+
+
+def test_aiohttp_client_relays_through_plain_asgi_send(
+    gateway: StartGateway, upstreams: Upstreams, direct_calls: dict[str, int]
+) -> None:
+    gw = gateway(upstream_client="aiohttp")
+    with (
+        httpx.Client(base_url=gw.url, timeout=10) as client,
+        client.stream("POST", "/v1/chat/completions", json=stream_body(), headers={"x-fake-chunks": "16"}) as r,
+    ):
+        lines = [line for line in r.iter_lines() if line]
+    assert event_indices(lines) == list(range(16)) and direct_calls["write"] == 0
+
+
+def read_chunked_events(sock: socket.socket) -> bytes:
+    """Everything the socket sends until the gateway ends the chunked body."""
+    data = bytearray()
+    while not data.endswith(b"0\r\n\r\n"):
+        part = sock.recv(65536)
+        if not part:
+            break
+        data += part
+    return bytes(data)
+
+
+def test_slow_client_pauses_the_relay_and_still_gets_every_event(
+    gateway: StartGateway, upstreams: Upstreams, direct_calls: dict[str, int]
+) -> None:
+    gw = gateway()
+    count = 40000  # about 6 MB of events: more than the loopback socket buffers hold
+    host, port = gw.url.removeprefix("http://").split(":")
+    payload = orjson.dumps(stream_body())
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"x-fake-chunks: {count}\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(request)
+        deadline = time.monotonic() + 20
+        while direct_calls["drain"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # read nothing until the gateway has had to wait for this client
+        assert direct_calls["drain"] >= 1, "the relay never waited for the slow client"
+        sock.settimeout(20)
+        raw = read_chunked_events(sock)
+    head, _, chunked = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    body = decode_chunked(chunked)
+    lines = [line for line in body.decode().split("\n") if line]
+    assert event_indices(lines) == list(range(count)) and lines[-1] == "data: [DONE]"
+
+
+def decode_chunked(data: bytes) -> bytes:
+    out = bytearray()
+    at = 0
+    while True:
+        end = data.index(b"\r\n", at)
+        size = int(data[at:end], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[end + 2 : end + 2 + size]
+        at = end + 2 + size + 2

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MIN_TICKS_PER_CPU = 50  # /proc/stat counts 10 ms ticks: a window under half a second says little
-MIN_WINDOW_S = 0.2  # under this, a share of wall time is mostly the cost of reading it (and the odd GC pass)
+MIN_WINDOW_S = 0.05  # under this, a share of wall time is mostly the cost of reading it (and the odd GC pass)
 
 
 def cpu_seconds(pid: int) -> float:

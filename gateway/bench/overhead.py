@@ -62,9 +62,12 @@ class Result:
     others_busy: float | None
 
 
+MIN_REQUESTS = 300  # so even a quick run gives a proxy ~0.1 s of CPU to average (a GC pass is a few ms)
+
+
 def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
     def n(count: int) -> int:
-        return max(20, int(count * scale))
+        return max(MIN_REQUESTS, int(count * scale))
 
     out: list[Scenario] = []
     for c in concurrency:

@@ -25,6 +25,7 @@ def test_scenarios_cover_paced_streams_at_high_concurrency() -> None:
     plan = scenarios(1.0, [1, 64, 256])
     assert any(s.interval_s > 0 and s.concurrency == 256 for s in plan)
     assert {s.stream for s in plan} == {True, False}
+    assert all(s.requests >= 300 for s in scenarios(0.01, [1, 64]))  # enough CPU to average, however quick
 
 
 def result(target: str, busy: float, others: float | None = None) -> Result:

@@ -196,6 +196,8 @@ class ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            raise  # a bug in this module, not a bad request: let the loop report it
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
             self._write(_error("400 Bad Request", "malformed HTTP request", keep_alive=False))
             self._close()
@@ -324,7 +326,8 @@ class ServerConnection(asyncio.Protocol):
             self._answer(self._pending.popleft())
 
     def _write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
+        # is_closing: the peer may have gone (EOF read, transport closing) before connection_lost is called
+        if self.transport is not None and not self.closed and not self.transport.is_closing():
             self.transport.write(data)
 
     def _close(self) -> None:

@@ -225,13 +225,13 @@ def busy_warnings(results: Sequence[Result]) -> list[str]:
     if bound:
         worst = max(share for _, share in bound)
         names = ", ".join(f"{target} {share:.0%}" for target, share in bound)
-        warnings.append(f"warning: the load generator + fake upstream kept their CPU up to {worst:.0%} busy "
-                        f"({names}): these figures are apparatus-bound")  # fmt: skip
+        warnings.append(f"warning: load generator + fake upstream kept their CPU up to {worst:.0%} busy ({names}): "
+                        "apparatus-bound figures")  # fmt: skip
     noisy = [(r.target, r.others_busy) for r in results if r.others_busy is not None and r.others_busy > OTHERS_WARNING]
     if noisy:
         names = ", ".join(f"{target} {share:.0%}" for target, share in noisy)
         warnings.append(f"warning: other processes took up to {max(s for _, s in noisy):.0%} of a benchmark CPU "
-                        f"({names}): these figures are noisy")  # fmt: skip
+                        f"({names}): noisy figures")  # fmt: skip
     return warnings
 
 

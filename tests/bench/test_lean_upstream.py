@@ -155,6 +155,9 @@ class RecordingTransport:
     def get_extra_info(self, name: str) -> None:
         return None
 
+    def is_closing(self) -> bool:
+        return False
+
     def write(self, data: bytes) -> None:
         self.writes.append(data)
         if len(self.writes) == self.pause_after:
@@ -179,3 +182,40 @@ async def test_unpaced_stream_writes_each_event_separately_and_honours_pause_wri
     assert transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
     assert all(w.count(b"data: ") == 1 for w in transport.writes[:10])
     assert transport.writes[-1].endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+
+
+@pytest.fixture
+async def lean_port() -> AsyncIterator[int]:
+    upstream = LeanUpstream()
+    server = await upstream.start()
+    yield server.sockets[0].getsockname()[1]
+    upstream.stop()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_pipelined_requests_are_answered_in_order(lean_port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", lean_port)
+    stream = orjson.dumps({**CHAT, "stream": True})
+    plain = orjson.dumps(CHAT)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-fake-chunks: 3\r\nContent-Length: %d\r\n\r\n%s"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-fake-chunks: 2\r\nConnection: close\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(stream), stream, len(plain), plain)
+    )
+    data = await asyncio.wait_for(reader.read(), 5)  # the second response closes the connection
+    writer.close()
+    first, second = data.split(b"0\r\n\r\n", 1)
+    assert first.count(b"data: {") == 3 and b"data: [DONE]" in first
+    assert second.startswith(b"HTTP/1.1 200 OK\r\n") and b"connection: close" in second
+    assert second.endswith(b'"content":"tok tok"},"finish_reason":"length"}],"usage":{"prompt_tokens":8,'
+                           b'"completion_tokens":2,"total_tokens":10},"served_by":"lean"}')  # fmt: skip
+
+
+async def test_a_malformed_request_gets_400_and_a_closed_connection(lean_port: int) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", lean_port)
+    writer.write(b"NOT HTTP AT ALL\r\n\r\n")
+    data = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    assert data.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert b"malformed HTTP request" in data

@@ -16,7 +16,8 @@ uses plain ``send``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -25,41 +26,76 @@ DIRECT_BODY = "specgate.direct_body"
 
 
 class DirectBody:
-    """Writes body chunks of one chunked response straight to its connection."""
+    """Writes body chunks of one chunked response straight to its connection.
 
-    __slots__ = ("_cycle",)
+    It holds its request cycle weakly: the cycle's scope holds this object, and a strong reference back
+    would make every request a reference cycle for the garbage collector to find.
+    """
+
+    __slots__ = ("_cycle", "_on_disconnect")
 
     def __init__(self, cycle: RequestResponseCycle) -> None:
-        self._cycle = cycle
+        self._cycle = weakref.ref(cycle)
+        self._on_disconnect: Callable[[], None] | None = None
 
     def usable(self) -> bool:
         """True while the response head went out chunked and the body is not complete."""
-        cycle = self._cycle
-        return cycle.response_started and not cycle.response_complete and cycle.chunked_encoding is True
+        cycle = self._cycle()
+        return (
+            cycle is not None
+            and cycle.response_started
+            and not cycle.response_complete
+            and cycle.chunked_encoding is True
+        )
 
     def write(self, body: bytes) -> bool:
         """Write one non-empty chunk; False asks the caller to wait for :meth:`drain` before writing more.
 
-        After a client disconnect the bytes are dropped, as uvicorn's ``send`` drops them: the relay's
-        disconnect watcher ends the request.
+        After a client disconnect the bytes are dropped, as uvicorn's ``send`` drops them: the
+        disconnect callback ends the request.
         """
-        cycle = self._cycle
-        if cycle.disconnected:
+        cycle = self._cycle()
+        if cycle is None or cycle.disconnected:
             return True
         cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
         return not cycle.flow.write_paused
 
     async def drain(self) -> None:
-        await self._cycle.flow.drain()
+        cycle = self._cycle()
+        if cycle is not None:
+            await cycle.flow.drain()
+
+    def on_disconnect(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` once when the client goes away (at once if it already has); None unregisters.
+
+        This replaces a task per request that would wait on ASGI ``receive`` for ``http.disconnect``.
+        """
+        self._on_disconnect = callback
+        cycle = self._cycle()
+        if callback is not None and (cycle is None or cycle.disconnected):
+            self.disconnected()
+
+    def disconnected(self) -> None:
+        callback, self._on_disconnect = self._on_disconnect, None
+        if callback is not None:
+            callback()
 
 
 class DirectBodyProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, offering :class:`DirectBody` to every request it starts."""
 
+    _direct: DirectBody | None = None  # the writer of the request being served
+
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
-        extensions[DIRECT_BODY] = DirectBody(cycle)
+        extensions[DIRECT_BODY] = self._direct = DirectBody(cycle)
         super()._start_asgi_task(cycle, app)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        writer, self._direct = self._direct, None
+        if writer is not None:
+            writer.disconnected()
 
 
 def direct_body(scope: Mapping[str, Any]) -> DirectBody | None:

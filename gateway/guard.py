@@ -8,23 +8,37 @@ fires cancels the request's task and says why in ``reason``.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from starlette.types import Receive
 
+if TYPE_CHECKING:
+    from gateway.direct import DirectBody
+
 
 class Guard:
-    __slots__ = ("_sweeper", "_task", "_watcher", "deadline", "loop", "reason")
+    __slots__ = ("_sweeper", "_task", "_watcher", "_writer", "deadline", "loop", "reason")
 
     def __init__(self, sweeper: Sweeper, deadline: float) -> None:
         self._sweeper = sweeper
         self._task = asyncio.current_task()
         self.loop = asyncio.get_running_loop()
         self._watcher: asyncio.Task[None] | None = None
+        self._writer: DirectBody | None = None
         self.deadline = deadline
         self.reason: str | None = None  # "disconnect" or "timeout" once fired
 
-    def watch_disconnect(self, receive: Receive) -> None:
-        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+    def watch_disconnect(self, receive: Receive, writer: DirectBody | None = None) -> None:
+        """Fire on client disconnect: told by the server's :class:`DirectBody` when there is one,
+        otherwise by a task waiting on ASGI ``receive`` for ``http.disconnect``."""
+        if writer is not None:
+            self._writer = writer
+            writer.on_disconnect(self._disconnected)
+        else:
+            self._watcher = self.loop.create_task(self._watch(receive))
+
+    def _disconnected(self) -> None:
+        self.fire("disconnect")
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -46,8 +60,12 @@ class Guard:
         """Stop watching: no later event may cancel the request's task."""
         self.reason = self.reason or "settled"
         self._sweeper.discard(self)
+        if self._writer is not None:
+            self._writer.on_disconnect(None)
+            self._writer = None  # the writer held our bound method: no reference cycle outlives the request
         if self._watcher is not None:
             self._watcher.cancel()
+            self._watcher = None
 
     def absorb_cancel(self) -> bool:
         """After a CancelledError: True (and the cancel undone) when this guard caused it."""

@@ -108,7 +108,7 @@ class _Relay:
     async def run(self, body: bytes, receive: Receive, send: Send, writer: DirectBody | None = None) -> None:
         guard = self._guard = self.state.sweeper.guard(self.state.settings.first_byte_timeout_s)
         self._writer = writer
-        guard.watch_disconnect(receive)
+        guard.watch_disconnect(receive, writer)
         try:
             response, first, chunks = await self._open(body, guard)
             await self._respond(response, first, chunks, send, guard)

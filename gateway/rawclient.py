@@ -135,7 +135,7 @@ class _RawResponse:
         self._conn: _Connection | None = conn
         assert conn.transport is not None
         self._transport = conn.transport
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self._loop = asyncio.get_running_loop()
         self.head: asyncio.Future[None] = self._loop.create_future()
         self.status = 0
@@ -157,8 +157,11 @@ class _RawResponse:
     # -- fed by the connection ---------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
         self.got_bytes = True
+        parser = self._parser
+        if parser is None:  # finished: the connection no longer feeds this response
+            return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(RawClientError(f"unparseable response from the upstream: {exc}"))
             self._transport.abort()
@@ -210,6 +213,7 @@ class _RawResponse:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        self._parser = None  # it refers back to us: dropping it leaves no reference cycle behind
         if self._paused and keep:
             self._transport.resume_reading()
             self._paused = False
@@ -224,6 +228,7 @@ class _RawResponse:
         self._raw.append((name, value))
 
     def on_headers_complete(self) -> None:
+        assert self._parser is not None  # parser callbacks run only before the response finishes
         self.status = self._parser.get_status_code()
         self.headers = relayable(self._raw)
         names = {k.lower() for k, _ in self._raw}
@@ -243,7 +248,8 @@ class _RawResponse:
     def on_message_complete(self) -> None:
         self._done = True
         self._wake()
-        self._finish(keep=self._parser.should_keep_alive() and not self._until_eof)
+        keep = self._parser is not None and self._parser.should_keep_alive() and not self._until_eof
+        self._finish(keep=keep)
 
     # -- the UpstreamResponse side -----------------------------------------------------------------
     async def _wait(self) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -12,7 +13,7 @@ import orjson
 import pytest
 
 from gateway.direct import DirectBody
-from tests.conftest import Gateway, Upstreams
+from tests.conftest import Gateway, Upstreams, wait_for
 
 StartGateway = Callable[..., Gateway]
 
@@ -123,3 +124,42 @@ def decode_chunked(data: bytes) -> bytes:
             return bytes(out)
         out += data[end + 2 : end + 2 + size]
         at = end + 2 + size + 2
+
+
+@pytest.fixture
+def saved_garbage() -> Iterator[Callable[[], list[object]]]:
+    """Collector off while the test runs; the callable returns what a collection then finds unreachable."""
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+
+    def collect() -> list[object]:
+        gc.collect()
+        found = list(gc.garbage)
+        gc.garbage.clear()
+        return found
+
+    try:
+        yield collect
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+
+
+def test_requests_leave_no_reference_cycles(
+    gateway: StartGateway, upstreams: Upstreams, saved_garbage: Callable[[], list[object]]
+) -> None:
+    """Each request's objects die by reference counting, so the cyclic collector has nothing to chase under load."""
+    gw = gateway()
+    with httpx.Client(base_url=gw.url, timeout=10) as client:
+        client.post("/v1/chat/completions", json=stream_body(stream=False))  # warm: lazily built objects
+        saved_garbage()
+        for _ in range(20):
+            assert client.post("/v1/chat/completions", json=stream_body(stream=False)).status_code == 200
+            with client.stream("POST", "/v1/chat/completions", json=stream_body(), headers={"x-fake-chunks": "8"}) as r:
+                assert len([line for line in r.iter_lines() if line]) == 9
+        wait_for(lambda: gw.app.state.pools.total_booked() == 0, what="bookings released")
+    per_request = ("gateway.", "uvicorn.protocols.", "httptools.")
+    ours = [o for o in saved_garbage() if type(o).__module__.startswith(per_request)]
+    assert not ours, sorted({type(o).__qualname__ for o in ours})

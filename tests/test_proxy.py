@@ -195,8 +195,11 @@ def test_idle_stream_ends_with_an_error_event(gateway: StartGateway) -> None:
     assert len(lines) == 3 and '"upstream_timeout"' in lines[-1]
 
 
-def test_client_disconnect_mid_stream_cancels_upstream(gateway: StartGateway, upstreams: Upstreams) -> None:
-    gw = gateway()
+@pytest.mark.parametrize("client", ["auto", "aiohttp"])  # told by the server's DirectBody / by ASGI receive
+def test_client_disconnect_mid_stream_cancels_upstream(
+    gateway: StartGateway, upstreams: Upstreams, client: str
+) -> None:
+    gw = gateway(upstream_client=client)
     headers = {"x-fake-chunks": "200", "x-fake-interval": "0.05"}
     with (
         httpx.Client(base_url=gw.url, timeout=10) as client,

@@ -16,6 +16,7 @@ uses plain ``send``.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -65,6 +66,19 @@ class DirectBody:
         if cycle is not None:
             await cycle.flow.drain()
 
+    def cork(self) -> None:
+        """Hold what uvicorn's ``send`` writes until :meth:`uncork`, so a response head and its first body
+        chunk leave in one write (one syscall, one wake-up of the client) instead of two."""
+        cycle = self._cycle()
+        if cycle is not None and not isinstance(cycle.transport, _Corked):
+            cycle.transport = _Corked(cycle.transport)
+
+    def uncork(self) -> None:
+        cycle = self._cycle()
+        if cycle is not None and isinstance(cycle.transport, _Corked):
+            corked, cycle.transport = cycle.transport, cycle.transport.inner
+            corked.flush()
+
     def on_disconnect(self, callback: Callable[[], None] | None) -> None:
         """Call ``callback`` once when the client goes away (at once if it already has); None unregisters.
 
@@ -79,6 +93,32 @@ class DirectBody:
         callback, self._on_disconnect = self._on_disconnect, None
         if callback is not None:
             callback()
+
+
+class _Corked(asyncio.Transport):
+    """Stands in for a request cycle's transport while corked: collects writes; closing flushes first."""
+
+    def __init__(self, inner: asyncio.Transport) -> None:
+        super().__init__()
+        self.inner = inner
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._parts.append(bytes(data))
+
+    def flush(self) -> None:
+        if self._parts:
+            data = b"".join(self._parts)
+            self._parts = []
+            if not self.inner.is_closing():
+                self.inner.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.inner.close()
+
+    def is_closing(self) -> bool:
+        return self.inner.is_closing()
 
 
 class DirectBodyProtocol(HttpToolsProtocol):

@@ -180,22 +180,22 @@ class _Relay:
         if chunks is None:
             headers.append((b"content-length", str(len(first)).encode()))
             guard.settle()
-            await send({"type": "http.response.start", "status": response.status, "headers": headers})
-            await send({"type": "http.response.body", "body": first})
+            await self._send_head(send, response.status, headers, first, more_body=False)
             self.ttft = time.perf_counter() - self.started
             self.tokens = _usage_tokens(first) or 0
             return
-        await send({"type": "http.response.start", "status": response.status, "headers": headers + _STREAM_HEADERS})
-        await send({"type": "http.response.body", "body": first, "more_body": True})
+        await self._send_head(send, response.status, headers + _STREAM_HEADERS, first, more_body=True)
         self.ttft = time.perf_counter() - self.started
         self.events = first.count(b"data: ")
         self.usage = _usage_tokens(first)
         loop, idle = asyncio.get_running_loop(), self.state.settings.idle_timeout_s
         guard.deadline = loop.time() + idle
         pipe, writer = response.piper(), self._writer
+        tail = b""
         try:
             if pipe is not None and writer is not None and writer.usable():
-                await pipe(self._relay_direct, writer.drain)  # chunks skip the task: see gateway.direct
+                tail = await pipe(self._relay_direct, writer.drain)  # chunks skip the task: see gateway.direct
+                self._count(tail)
             else:
                 while chunk := await chunks():
                     guard.deadline = loop.time() + idle
@@ -206,8 +206,20 @@ class _Relay:
         finally:
             await response.close()
         guard.settle()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
         self.tokens = self.usage or max(self.events - 1, 0)  # the last event is [DONE]
+
+    async def _send_head(self, send: Send, status: int, headers: RawHeaders, body: bytes, more_body: bool) -> None:
+        """The response head and the first body bytes, in one write when the server offers :class:`DirectBody`."""
+        writer = self._writer
+        if writer is not None:
+            writer.cork()
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body, "more_body": more_body})
+        finally:
+            if writer is not None:
+                writer.uncork()
 
     def _relay_direct(self, chunk: bytes) -> bool:
         """The pipe's sink: runs in the upstream connection's read callback, once per socket read."""

@@ -166,7 +166,7 @@ class _RawResponse:
             self._fail(RawClientError(f"unparseable response from the upstream: {exc}"))
             self._transport.abort()
             return
-        if self._sink is not None and self._chunks:
+        if self._sink is not None and self._chunks and not self._done:  # the tail waits for the pipe's end
             self._flush(self._sink)
 
     def _flush(self, sink: Sink) -> None:
@@ -296,14 +296,16 @@ class _RawResponse:
         self._streaming = True
         return self._pipe
 
-    async def _pipe(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> None:
+    async def _pipe(self, sink: Sink, drain: Callable[[], Awaitable[None]]) -> bytes:
         """Relay the rest of the body through ``sink``, called from the protocol callback for each socket read.
 
         No task wakes per chunk: this coroutine wakes only when the body ends, fails, or the sink asked to
-        wait (then it awaits ``drain`` and resumes reading the socket).
+        wait (then it awaits ``drain`` and resumes reading the socket). The bytes that arrive together with
+        the body's end are not given to the sink but returned, so the caller can send them with the end of
+        its own response in one write.
         """
         self._sink = sink
-        if self._chunks:
+        if self._chunks and not self._done:
             self._flush(sink)
         try:
             while self._error is None and not self._done:
@@ -322,6 +324,8 @@ class _RawResponse:
             raise
         finally:
             self._sink = None
+        tail, self._chunks = self._chunks, []
+        return tail[0] if len(tail) == 1 else b"".join(tail)
 
     async def close(self) -> None:
         self._finish(keep=False)  # a no-op once the response completed and its connection went back

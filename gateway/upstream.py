@@ -42,7 +42,7 @@ DROP_REQUEST = frozenset(
 
 RawHeaders = list[tuple[bytes, bytes]]
 Sink = Callable[[bytes], bool]  # takes a body chunk; False: wait for the drain before the next one
-Pipe = Callable[[Sink, Callable[[], Awaitable[None]]], Awaitable[None]]
+Pipe = Callable[[Sink, Callable[[], Awaitable[None]]], Awaitable[bytes]]  # returns the body's unrelayed tail
 
 
 class UpstreamResponse(Protocol):
@@ -51,7 +51,8 @@ class UpstreamResponse(Protocol):
 
     ``piper()`` returns a pipe when the client can push the rest of the body into a synchronous sink from
     its protocol callbacks (the raw client can; aiohttp and httpx return None): ``await pipe(sink, drain)``
-    ends with the body and raises ``read_errors``.
+    ends with the body, returns the bytes that came with its end (for the caller to send with its own end)
+    and raises ``read_errors``.
     """
 
     status: int

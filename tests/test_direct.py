@@ -60,7 +60,7 @@ def test_default_gateway_relays_streams_through_the_direct_writer(
     assert event_indices(lines) == list(range(64)) and lines[-1] == "data: [DONE]"
     assert direct_calls["write"] >= 1
     # the relay ended cleanly and counted tokens from the relayed bytes: TPOT observed once
-    assert gw.sample("specgate_tpot_seconds_count", pool="standard") == 1
+    wait_for(lambda: gw.sample("specgate_tpot_seconds_count", pool="standard") == 1, what="request recorded")
 
 
 def test_aiohttp_client_relays_through_plain_asgi_send(

@@ -239,9 +239,11 @@ class _RawResponse:
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
         self._size += len(body)
+        if self._sink is not None:
+            return  # piping: feed() hands the bytes to the sink; the pipe wakes only to end, fail or drain
         if self._waiter is not None:
             self._wake()
-        if self._streaming and self._sink is None and self._size > HIGH_WATER and not self._paused:
+        if self._streaming and self._size > HIGH_WATER and not self._paused:
             self._transport.pause_reading()
             self._paused = True
 

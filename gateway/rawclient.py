@@ -36,6 +36,14 @@ class RawClientError(Exception):
     """The upstream broke off or garbled a response after its head."""
 
 
+def nodelay(transport: asyncio.BaseTransport) -> asyncio.Transport:
+    """A new connection's transport, with Nagle's algorithm off (small writes leave at once)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
+
+
 class _Connection(asyncio.Protocol):
     """One TCP connection; hands the bytes it receives to the response being read, if any."""
 
@@ -47,10 +55,7 @@ class _Connection(asyncio.Protocol):
         self.reused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = nodelay(transport)
 
     def data_received(self, data: bytes) -> None:
         if self.response is not None:

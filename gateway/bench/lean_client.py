@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 from dataclasses import dataclass, field
-from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
+
+from gateway.rawclient import nodelay
 
 
 @dataclass
@@ -45,10 +45,7 @@ class ClientConnection(asyncio.Protocol):
         self.done: asyncio.Future[bool] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = nodelay(transport)
 
     def send(self, request: bytes) -> asyncio.Future[bool]:
         assert self.transport is not None

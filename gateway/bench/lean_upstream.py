@@ -28,14 +28,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import socket
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import httptools
 import orjson
+
+from gateway.rawclient import nodelay
 
 MAX_EVENTS = 100_000
 _CACHE_LIMIT = 256
@@ -188,10 +189,7 @@ class ServerConnection(asyncio.Protocol):
 
     # -- transport callbacks ----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = nodelay(transport)
 
     def data_received(self, data: bytes) -> None:
         try:

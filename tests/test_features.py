@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.features import Classifier, estimate_tokens, extract_features
+from gateway.features import Classifier, compile_cue_pattern, estimate_tokens, extract_features
 from gateway.rules import default_rules
 
 RULES = default_rules()
@@ -115,3 +116,28 @@ def test_bad_prompt() -> None:
 def test_token_estimate_scales_with_script() -> None:
     assert estimate_tokens("a" * 400) == 100
     assert estimate_tokens("汉" * 300) == 200
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Write it in PYTHON please",
+        "I love Rust and C++",
+        "c# or Java?",
+        "rusty pythons are not languages",
+        "用Python写一个函数",
+        "Plain chat about the SEA",
+        "İstanbul KELVIN \u212a sign, Bash",
+    ],
+)
+def test_lowercase_patterns_match_as_with_ignorecase(text: str) -> None:
+    for cues in RULES.tasks.values():
+        for source in cues.patterns:
+            fast, on_lowered = compile_cue_pattern(source)
+            assert on_lowered
+            assert bool(fast.search(text.lower())) == bool(re.compile(source, re.I).search(text)), (source, text)
+
+
+def test_patterns_with_capitals_keep_the_flag() -> None:
+    pattern, on_lowered = compile_cue_pattern(r"\bSELECT\S+")
+    assert not on_lowered and pattern.flags & re.I

@@ -5,10 +5,11 @@ and an ``await send(...)`` (a coroutine and a message dict). :class:`DirectBodyP
 httptools protocol plus one ASGI scope extension, ``specgate.direct_body``: a :class:`DirectBody` that
 writes a body chunk to the client's connection with the same chunked framing uvicorn's ``send`` uses, as a
 plain call. The relay hands it to the upstream client's protocol callback, so a chunk goes from the upstream
-socket to the client socket without waking any task (see :meth:`gateway.rawclient._RawResponse.pipe`).
+socket to the client socket without waking any task (see :meth:`gateway.rawclient._RawResponse.piper`).
 
 The response head, the first chunk and the end of the body still go through ASGI ``send``, so uvicorn keeps
-its own bookkeeping (keep-alive, completion, access state). Flow control is kept: :meth:`DirectBody.write`
+its own bookkeeping (keep-alive, completion, access state); :meth:`DirectBody.cork` only makes the head and
+the first chunk leave in one write. Flow control is kept: :meth:`DirectBody.write`
 returns False once the client's transport is over its high-water mark, and the relay stops reading the
 upstream until :meth:`DirectBody.drain` returns. Under any other server the extension is absent and the relay
 uses plain ``send``.

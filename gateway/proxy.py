@@ -188,7 +188,7 @@ class _Relay:
         self.ttft = time.perf_counter() - self.started
         self.events = first.count(b"data: ")
         self.usage = _usage_tokens(first)
-        loop, idle = asyncio.get_running_loop(), self.state.settings.idle_timeout_s
+        loop, idle = guard.loop, self.state.settings.idle_timeout_s
         guard.deadline = loop.time() + idle
         pipe, writer = response.piper(), self._writer
         tail = b""

@@ -37,6 +37,10 @@ def direct_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     return calls
 
 
+# Paced, so events arrive after the relay has started piping (a burst may come whole with the first read).
+PACED = {"x-fake-chunks": "32", "x-fake-interval": "0.002"}
+
+
 def stream_body(**extra: Any) -> dict[str, Any]:
     return {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "hi"}], **extra}
 
@@ -53,11 +57,11 @@ def test_default_gateway_relays_streams_through_the_direct_writer(
     body = stream_body(stream_options={"include_usage": True})
     with (
         httpx.Client(base_url=gw.url, timeout=10) as client,
-        client.stream("POST", "/v1/chat/completions", json=body, headers={"x-fake-chunks": "64"}) as r,
+        client.stream("POST", "/v1/chat/completions", json=body, headers=PACED) as r,
     ):
         lines = [line for line in r.iter_lines() if line]
     assert r.status_code == 200 and r.headers["x-accel-buffering"] == "no"
-    assert event_indices(lines) == list(range(64)) and lines[-1] == "data: [DONE]"
+    assert event_indices(lines) == list(range(32)) and lines[-1] == "data: [DONE]"
     assert direct_calls["write"] >= 1
     # the relay ended cleanly and counted tokens from the relayed bytes: TPOT observed once
     wait_for(lambda: gw.sample("specgate_tpot_seconds_count", pool="standard") == 1, what="request recorded")
@@ -75,11 +79,13 @@ def test_aiohttp_client_relays_through_plain_asgi_send(
     assert event_indices(lines) == list(range(16)) and direct_calls["write"] == 0
 
 
-def read_chunked_events(sock: socket.socket) -> bytes:
-    """Everything the socket sends until the gateway ends the chunked body."""
+def read_chunked_events(sock: socket.socket, timeout_s: float) -> bytes:
+    """Everything the socket sends until the gateway ends the chunked body (fails past ``timeout_s``)."""
     data = bytearray()
+    deadline = time.monotonic() + timeout_s
     while not data.endswith(b"0\r\n\r\n"):
-        part = sock.recv(65536)
+        assert time.monotonic() < deadline, f"only {len(data)} bytes after {timeout_s} s"
+        part = sock.recv(1 << 20)
         if not part:
             break
         data += part
@@ -90,7 +96,7 @@ def test_slow_client_pauses_the_relay_and_still_gets_every_event(
     gateway: StartGateway, upstreams: Upstreams, direct_calls: dict[str, int]
 ) -> None:
     gw = gateway()
-    count = 40000  # about 6 MB of events: more than the loopback socket buffers hold
+    count = 20000  # about 3 MB of events: more than the loopback socket buffers hold
     host, port = gw.url.removeprefix("http://").split(":")
     payload = orjson.dumps(stream_body())
     request = (
@@ -105,8 +111,10 @@ def test_slow_client_pauses_the_relay_and_still_gets_every_event(
         while direct_calls["drain"] == 0 and time.monotonic() < deadline:
             time.sleep(0.05)  # read nothing until the gateway has had to wait for this client
         assert direct_calls["drain"] >= 1, "the relay never waited for the slow client"
+        # read the rest quickly: a 4 KiB window would crawl on a loaded machine (delayed ACKs, GIL hand-offs)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         sock.settimeout(20)
-        raw = read_chunked_events(sock)
+        raw = read_chunked_events(sock, timeout_s=60)
     head, _, chunked = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200")
     body = decode_chunked(chunked)

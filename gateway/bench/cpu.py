@@ -1,8 +1,10 @@
-"""CPU readings for benchmarks: per process from ``/proc/<pid>/task/*/schedstat`` (nanoseconds, every thread),
-per CPU from ``/proc/stat`` (10 ms ticks, every process), so a run can tell its own cost from its neighbours'."""
+"""CPU readings for benchmarks: per process from the kernel's process CPU-time clock (nanoseconds, every
+thread, the exited ones included), per CPU from ``/proc/stat`` (10 ms ticks, every process), so a run can
+tell its own cost from its neighbours'."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from collections.abc import Collection
@@ -14,13 +16,31 @@ MIN_WINDOW_S = 0.05  # under this, a share of wall time is mostly the cost of re
 
 
 def cpu_seconds(pid: int) -> float:
-    """CPU time of every thread of ``pid``: nanoseconds from schedstat, else the 10 ms ticks of ``stat``."""
+    """CPU time ``pid`` has used, all its threads (also those that have exited) counted.
+
+    From the process's CPU-time clock (``clock_getcpuclockid``, nanoseconds); where that is unavailable,
+    the 10 ms ticks of ``/proc/<pid>/stat``. Summing ``/proc/<pid>/task/*/schedstat`` instead would drop a
+    thread's time the moment it exits and could even go backwards.
+    """
+    clock = _process_clock(pid)
+    if clock is not None:
+        try:
+            return time.clock_gettime(clock)
+        except OSError:
+            pass
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _process_clock(pid: int) -> int | None:
     try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-        return sum(int((task / "schedstat").read_text().split()[0]) for task in tasks) / 1e9
-    except (OSError, ValueError, IndexError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        libc = ctypes.CDLL(None, use_errno=True)
+        clock = ctypes.c_int()
+        if libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
+            return None
+    except (OSError, AttributeError):  # no libc with clock_getcpuclockid
+        return None
+    return clock.value
 
 
 def cpu_ticks(cpus: Collection[int]) -> tuple[int, int]:

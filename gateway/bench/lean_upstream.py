@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 import httptools
 import orjson
 
+from gateway.bench import shapes
 from gateway.rawclient import nodelay
 
 MAX_EVENTS = 100_000
@@ -94,29 +93,15 @@ class Bodies:
         return body
 
     def _build_stream(self, chat: bool, count: int, usage: bool) -> StreamBody:
-        events = []
-        for index in range(count):
-            delta = {"delta": {"content": f"t{index} "}} if chat else {"text": f"t{index} "}
-            finish = "length" if index == count - 1 else None
-            choice = {"index": 0, **delta, "finish_reason": finish}
-            kind = "chat.completion.chunk" if chat else "text_completion"
-            event = {"id": "cmpl-fake", "object": kind, "created": 0, "model": self.model, "choices": [choice]}
-            events.append(_chunk(b"data: " + orjson.dumps(event) + b"\n\n"))
-        tail = b""
-        if usage:
-            counts = {"prompt_tokens": 8, "completion_tokens": count, "total_tokens": 8 + count}
-            tail += _chunk(b"data: " + orjson.dumps({"choices": [], "usage": counts}) + b"\n\n")
-        return StreamBody(tuple(events), tail + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        events = tuple(
+            _chunk(b"data: " + orjson.dumps(shapes.stream_event(self.model, chat, index, count)) + b"\n\n")
+            for index in range(count)
+        )
+        tail = _chunk(b"data: " + orjson.dumps(shapes.usage_event(count)) + b"\n\n") if usage else b""
+        return StreamBody(events, tail + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
 
     def _build_completion(self, chat: bool, count: int) -> bytes:
-        text = " ".join(["tok"] * count)
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {
-            "index": 0, "text": text}  # fmt: skip
-        choice["finish_reason"] = "length"
-        usage = {"prompt_tokens": 8, "completion_tokens": count, "total_tokens": 8 + count}
-        return orjson.dumps({"id": "cmpl-fake", "object": "chat.completion" if chat else "text_completion",
-                             "created": int(time.time()), "model": self.model, "choices": [choice], "usage": usage,
-                             "served_by": "lean"})  # fmt: skip
+        return orjson.dumps(shapes.completion(self.model, chat, count, served_by="lean"))
 
     def models(self) -> bytes:
         return orjson.dumps({"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]})

@@ -82,11 +82,12 @@ class _HostPool:
         self.slots = asyncio.Semaphore(cap) if cap else None
         self.closing = False
 
-    async def acquire(self) -> _Connection:
+    async def acquire(self, fresh: bool = False) -> _Connection:
+        """An idle connection (most recently used first), or a new one; always a new one when ``fresh``."""
         if self.slots is not None:
             await self.slots.acquire()
         try:
-            while self.idle:
+            while self.idle and not fresh:
                 conn = self.idle.pop()
                 if not conn.closed:
                     conn.reused = True
@@ -365,7 +366,8 @@ class RawUpstream:
         extra = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
         request = b"".join([prefix, b"Content-Length: %d\r\n" % len(body), extra.encode("latin-1"), b"\r\n", body])
         for attempt in (1, 2):
-            conn = await pool.acquire()
+            # the retry takes a new connection: the next idle one may have been closed by the same server
+            conn = await pool.acquire(fresh=attempt == 2)
             response = _RawResponse(conn)
             assert conn.transport is not None
             conn.transport.write(request)

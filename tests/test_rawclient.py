@@ -223,6 +223,15 @@ async def test_idle_connection_closed_by_the_server_is_retried_once(client: Any,
     assert (script.requests, script.connections) == (3, 2)
 
 
+async def test_the_retry_opens_a_new_connection_rather_than_another_idle_one(client: Any, scripted: Any) -> None:
+    script, url = await scripted([OK, OK, None, OK])  # the 3rd request meets its reused connection closing
+    raw = await client()
+    first = await asyncio.gather(*(raw.send(url + "/x", b"{}", {}) for _ in range(2)))  # two idle connections
+    assert [await r.read() for r in first] == [b"ok", b"ok"] and script.connections == 2
+    assert await (await raw.send(url + "/x", b"{}", {})).read() == b"ok"
+    assert (script.requests, script.connections) == (4, 3)  # not retried on the other idle connection
+
+
 async def test_fresh_connection_lost_before_the_head_is_not_retried(client: Any, scripted: Any) -> None:
     script, url = await scripted([None])
     with pytest.raises(UpstreamConnectError):

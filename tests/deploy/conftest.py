@@ -86,16 +86,7 @@ def compose_env() -> Iterator[dict[str, str]]:
     yield env
 
 
-def shared_fixtures_dir() -> Path:
-    """The shared fixtures folder (``../shared/fixtures`` in CI), searched upwards from the repository."""
-    for base in (REPO_ROOT, *REPO_ROOT.parents):
-        candidate = base / "shared" / "fixtures"
-        if candidate.is_dir():
-            return candidate
-    message = f"shared/fixtures not found in {REPO_ROOT} or any parent"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message)
-    pytest.skip(message)
+FIXTURES_DIR = REPO_ROOT / "tests" / "fixtures"  # copies of real vLLM 0.32.0 /metrics texts, inside the repo
 
 
 def load_documents(text: str) -> list[dict[str, Any]]:

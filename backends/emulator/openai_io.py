@@ -41,6 +41,9 @@ class ParsedRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    # vLLM's extension: generate exactly max_tokens, whatever the natural length (vllm bench serve's random
+    # dataset sets it so that every request produces the output length it asked for).
+    ignore_eos: bool = False
 
 
 def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) -> ParsedRequest:
@@ -66,7 +69,10 @@ def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) 
     stream, include_usage = _stream_options(body)
     if body.get("n", 1) not in (1, None):
         raise RequestError(400, "the emulator serves n=1 only", "n")
-    return ParsedRequest(kind, str(model), key, text, prompt_tokens, max_tokens, stream, include_usage)
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise RequestError(400, "'ignore_eos' must be a boolean", "ignore_eos")
+    return ParsedRequest(kind, str(model), key, text, prompt_tokens, max_tokens, stream, include_usage, ignore_eos)
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:

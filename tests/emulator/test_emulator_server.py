@@ -18,7 +18,7 @@ from backends.emulator.core import EmulatorCore
 from backends.emulator.profiles import load_profile
 from backends.emulator.server import EmulatorApp, EmulatorConfig
 from backends.emulator.timing import TimingModel, draft_acceptance_rate
-from backends.workloads.loader import WorkloadItem, load_workload
+from backends.workloads.loader import WorkloadItem, count_prompt_tokens, count_tokens, load_workload
 from gateway.servers import ThreadServer
 from gateway.signals.vllm_metrics import acceptance_from, parse_vllm_metrics, spec_delta
 
@@ -90,6 +90,21 @@ def test_max_tokens_cuts_the_output_with_finish_reason_length(base_url: str) -> 
     assert response["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize(("ignore_eos", "tokens", "finish"), [(True, 250, "length"), (False, 96, "stop")])
+def test_ignore_eos_generates_exactly_max_tokens(base_url: str, ignore_eos: bool, tokens: int, finish: str) -> None:
+    body = {**_item("code-01").request_body("smollm2"), "max_tokens": 250, "ignore_eos": ignore_eos}
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=30).json()
+    assert response["usage"]["completion_tokens"] == tokens  # code-01 ends by itself after 96 tokens
+    assert response["choices"][0]["finish_reason"] == finish
+
+
+def test_ignore_eos_must_be_a_boolean(base_url: str) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": "yes"}
+    response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "ignore_eos"
+
+
 def test_streaming_sends_one_chunk_per_step_and_usage_last(base_url: str) -> None:
     body = {**_item("tr-01").request_body("smollm2", stream=True), "stream_options": {"include_usage": True}}
     response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=30)
@@ -104,6 +119,27 @@ def test_streaming_sends_one_chunk_per_step_and_usage_last(base_url: str) -> Non
         assert len(content) < completion_tokens  # several tokens per step, as vLLM streams them
     else:
         assert len(content) == completion_tokens
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_stream_starts_with_the_first_token_after_prefill(path: str) -> None:
+    # vLLM sends even the chat role event with the first engine output, so a client's TTFT includes prefill.
+    profile = load_profile("cpu-smollm2")
+    messages = [{"role": "user", "content": "word " * 2000}]
+    body: dict[str, object] = {"max_tokens": 2, "stream": True}
+    if path.endswith("chat/completions"):
+        body["messages"] = messages
+        prefill_s = count_prompt_tokens(messages) * profile.step.prefill_s_per_token
+    else:
+        body["prompt"] = messages[0]["content"]
+        prefill_s = (count_tokens(messages[0]["content"]) + 1) * profile.step.prefill_s_per_token
+    with ThreadServer(EmulatorApp(EmulatorConfig(profile, speculative=False), WORKLOAD)) as server:
+        started = time.perf_counter()
+        with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=30) as response:
+            first = next(response.iter_raw())
+            ttft = time.perf_counter() - started
+    assert first.startswith(b"data: {")
+    assert ttft >= prefill_s > 0.35  # at x1: 2000 prompt tokens of prefill come before any event
 
 
 def test_completions_endpoint_streams_and_answers(base_url: str) -> None:

@@ -2,7 +2,8 @@
 
 Chat and completions, streaming, random dataset: no request may fail, every request must reach a real server
 through the gateway, and the client's TTFT/TPOT/throughput are printed next to the same run straight against
-the pool the gateway routes these requests to (the standard one: the rules send max_tokens < 50 there).
+the standard pool. The gateway's requests carry ``x-specgate-pool: standard`` (the shipped rules' pinning rule;
+each request is still parsed, classified and decided), so both runs load the same server.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from gateway.app import create_app
 from gateway.bench.vllm_serve import ENDPOINTS, ServeResult, ServeRun, comparison_table, run_vllm_bench
 from gateway.config import Settings
 from gateway.servers import ThreadServer
+from gateway.signals.vllm_metrics import parse_vllm_metrics
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 MANIFEST = load_manifest(pool_path("standard", cpu=True))
 PROMPTS, INPUT_LEN, OUTPUT_LEN, CONCURRENCY, WARMUPS = 8, 32, 16, 4, 2
+PIN = ("x-specgate-pool=standard",)
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +50,20 @@ def gateway_url(cpu_pools: CpuPair) -> Iterator[str]:
         yield gateway.url
 
 
-def answered(gateway_url: str) -> dict[tuple[str, str], float]:
-    """The gateway's ``specgate_requests_total`` by (pool, status)."""
-    counts: dict[tuple[str, str], float] = {}
+def answered(gateway_url: str) -> dict[tuple[str, str, str], float]:
+    """The gateway's ``specgate_requests_total`` by (pool, reason, status)."""
+    counts: dict[tuple[str, str, str], float] = {}
     for family in text_string_to_metric_families(httpx.get(f"{gateway_url}/metrics", timeout=10).text):
         for sample in family.samples:
             if sample.name == "specgate_requests_total":
-                key = (sample.labels["pool"], sample.labels["status"])
+                key = (sample.labels["pool"], sample.labels["reason"], sample.labels["status"])
                 counts[key] = counts.get(key, 0.0) + sample.value
     return counts
+
+
+def finished(server_url: str) -> float:
+    """The real vLLM server's finished requests (``vllm:request_success_total``)."""
+    return parse_vllm_metrics(httpx.get(f"{server_url}/metrics", timeout=10).text).finished_requests
 
 
 def test_vllm_bench_serve_through_the_gateway_matches_the_direct_run(
@@ -63,11 +71,13 @@ def test_vllm_bench_serve_through_the_gateway_matches_the_direct_run(
 ) -> None:
     runs = [
         ServeRun(label, url, endpoint, MANIFEST.served_model_name, cpu_engine.model_dir(MANIFEST), PROMPTS,
-                 INPUT_LEN, OUTPUT_LEN, CONCURRENCY, tmp_path / f"{label}-{endpoint}.json", num_warmups=WARMUPS)
+                 INPUT_LEN, OUTPUT_LEN, CONCURRENCY, tmp_path / f"{label}-{endpoint}.json", num_warmups=WARMUPS,
+                 headers=PIN if label == "gateway" else ())
         for endpoint in ENDPOINTS
         for label, url in (("direct", cpu_pools.standard.url), ("gateway", gateway_url))
     ]
     before = answered(gateway_url)
+    finished_before = finished(cpu_pools.standard.url), finished(cpu_pools.speculative.url)
     results = run_vllm_bench(cpu_engine.python, runs, tmp_path / "vllm-bench.log", timeout_s=240)
     after = answered(gateway_url)
 
@@ -75,9 +85,15 @@ def test_vllm_bench_serve_through_the_gateway_matches_the_direct_run(
         assert (result.completed, result.failed) == (PROMPTS, 0), (result.run.label, result.errors[:3])
         assert result.total_output_tokens == PROMPTS * OUTPUT_LEN  # ignore_eos: every request ran to its length
         assert result.ms["mean_ttft"] > 0 and result.ms["mean_tpot"] > 0
-    # Every gateway request (warm-ups included) reached the real standard server and got a 200; nothing else.
+    # Every gateway request (warm-ups included) was decided by the pinning rule, reached the real standard
+    # server and got a 200; nothing else went through.
+    through_gateway = (WARMUPS + PROMPTS) * len(ENDPOINTS)
     delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
-    assert {key: n for key, n in delta.items() if n} == {("standard", "200"): (WARMUPS + PROMPTS) * len(ENDPOINTS)}
+    assert {key: n for key, n in delta.items() if n} == {("standard", "pinned-standard", "200"): through_gateway}
+    # The real servers' own counters: the standard one finished the direct and the gateway requests, the
+    # speculative one none.
+    assert finished(cpu_pools.standard.url) - finished_before[0] == 2 * through_gateway
+    assert finished(cpu_pools.speculative.url) == finished_before[1]
 
     by_key: dict[tuple[str, str], ServeResult] = {(r.run.endpoint, r.run.label): r for r in results}
     with capsys.disabled():

@@ -4,9 +4,9 @@ For operators who want static rules: read ``GET /v1/route/model`` of a running g
 up to which load the speculative pool is predicted to serve a typical request of that task at a lower cost
 (its latency plus the delay it adds to the others, as ``fastest`` weighs it) than the standard pool at the
 same load. Each such task becomes one rule ``{task: [t], pools: {speculative: {running: {lt: N}, waiting:
-{lt: 1}}}} -> speculative``; the default pool is standard. The thresholds are the model's, at the grid loads it learned (0, 1, 3, 7, ...),
-so the file reproduces the learned choices, without the split near balance, the SLO headers or the
-tracking of drift that ``fastest`` gives.
+{lt: 1}}}} -> speculative``; the default pool is standard. The thresholds are the model's, at the grid
+loads it learned (0, 1, 3, 7, ...), so the file reproduces the learned choices, without the split near
+balance, the SLO headers or the tracking of drift that ``fastest`` gives.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     overhead.add_argument("--json", type=Path, help="also write the results as JSON")
     overhead.set_defaults(func=run_overhead)
     cli_bench_compare.register(bench_sub)
+    decide = bench_sub.add_parser("decide", help="the cost of one routing decision per policy (micro-benchmark)")
+    decide.add_argument("--rounds", type=int, default=20_000, help="calls timed per row")
+    decide.set_defaults(func=run_decide)
 
 
 def run_overhead(args: argparse.Namespace) -> int:
@@ -29,3 +32,9 @@ def run_overhead(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(overhead.TARGETS)})")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     return overhead.main(targets, concurrency, args.scale, args.json)
+
+
+def run_decide(args: argparse.Namespace) -> int:
+    from gateway.bench import decide
+
+    return decide.main(args.rounds)

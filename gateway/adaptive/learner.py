@@ -181,7 +181,7 @@ class Learner:
             state.acceptance.setdefault(obs.segment, _Cell()).step(obs.acceptance_length, 1.0, floor, cap)
             offset.step(state.mean_log_acceptance.value - log_a, 1.0, floor, cap)
             # the step time at this load for a request of the pool's mean acceptance
-            error = state.tpot.step(obs.load, target - offset.value, floor, cap)
+            error = state.tpot.step(obs.load, target - offset.value * _shrink(offset), floor, cap)
         else:
             error = _fit(state.tpot, offset, obs.load, target, floor, cap)
         state.tpot_var += floor * (error * error - state.tpot_var)
@@ -311,7 +311,7 @@ def _blend(local: float, local_w: float, remote: float, remote_w: float) -> tupl
 
 
 def _shrink(cell: _Cell) -> float:
-    return cell.weight / (cell.weight + SHRINK)
+    return min(1.0, cell.weight / SHRINK)  # as Offset.shrunk
 
 
 def _quantiles(window: Iterable[int], count: int = 20) -> list[int]:

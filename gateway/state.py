@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from gateway.breaker import breaker_policy
 from gateway.config import Settings
 from gateway.errors import UnknownModel
 from gateway.features import Classifier
@@ -42,7 +43,7 @@ class GatewayState:
     def __init__(self, settings: Settings, registry: CollectorRegistry, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
-        self.pools = PoolSet(self.metrics, rng)
+        self.pools = PoolSet(self.metrics, rng, breaker_policy(settings))
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
@@ -54,6 +55,7 @@ class GatewayState:
         )
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
         self.health_rounds = 0
+        self.draining = False  # set on SIGTERM (gateway/shutdown.py): /ready answers 503
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- rules ---------------------------------------------------------------------------------------
@@ -91,6 +93,7 @@ class GatewayState:
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.snapshot_interval_s)
+            self.pools.tick_breakers()
             self.refresh_snapshot()
 
     # -- lifecycle -----------------------------------------------------------------------------------

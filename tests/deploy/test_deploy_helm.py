@@ -293,7 +293,7 @@ def test_gateway_drains_streams_before_it_stops(render: Render) -> None:
     sleep = int(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1])
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     grace = float(env["SPECGATE_SHUTDOWN_GRACE_S"])  # the gateway's own drain fits in what the kubelet allows
-    assert 0 < grace and sleep + grace < pod["terminationGracePeriodSeconds"]
+    assert grace > 0 and sleep + grace < pod["terminationGracePeriodSeconds"]
     assert grace == pod["terminationGracePeriodSeconds"] - sleep - 5
 
 

@@ -36,7 +36,7 @@ async def _sigterm_with_streams_in_flight(gw: Proc, drain_delay_s: float) -> tup
     streams were still running then."""
     load = Load(gw.url, workers=16, stream_headers=STREAM, plain_headers={"x-fake-delay": "1.0"}, timeout_s=60)
     task = asyncio.create_task(load.run())
-    while sum(1 for o in load.outcomes if o.stream and o.head_at is not None) < 8:
+    while sum(1 for o in load.outcomes if o.stream and o.head_at is not None) < 8:  # noqa: ASYNC110 (polls data)
         await asyncio.sleep(0.05)
     assert gw.proc is not None
     load.stop.set()  # each worker finishes the request it has in flight, and sends no other

@@ -22,7 +22,6 @@ from tests.faults.procs import (
     fake_replica,
     gateway_proc,
     metric,
-    ready,
     replica_state,
     running,
     summary,
@@ -72,7 +71,7 @@ def test_sigkill_under_64_concurrent_requests_loses_nothing_that_had_not_started
         print(f"  streams {len(streams)}, cut with an error event {len(cut)}; lost otherwise {len(lost)}")
         print(f"  retries {metric(gw, 'specgate_retries_total'):.0f}")
         assert not lost, summary(load.outcomes)
-        assert all(o.head_at is not None and o.head_at < killed_at + 0.5 for o in cut), "only started streams cut"
+        assert all(o.head_at is not None and o.head_at < killed_at + 2.0 for o in cut), "only started streams cut"
         assert cut, "the kill should have cut the streams A was relaying"
         assert metric(gw, "specgate_retries_total") > 0  # requests waiting on A went elsewhere
         after = [o for o in load.outcomes if o.started > killed_at + 0.5]
@@ -87,7 +86,7 @@ def test_sigkill_under_64_concurrent_requests_loses_nothing_that_had_not_started
             interval_s=0.2,
         )
         back = Load(gw.url, workers=8, stream_share=0, headers=PINNED, plain_headers={"x-fake-delay": "0.05"})
-        asyncio.run(load_with(back, seconds=3.0))
+        asyncio.run(load_with(back, seconds=2.0))
         served = [o.served_by for o in back.outcomes if o.ok]
         print(f"  after A's restart: {len(served)} requests, {served.count('A')} served by A, {served.count('B')} by B")
         assert all(o.ok for o in back.outcomes), summary(back.outcomes)
@@ -95,7 +94,7 @@ def test_sigkill_under_64_concurrent_requests_loses_nothing_that_had_not_started
         assert replica_state(gw, a.url)["breaker"] == "closed"
 
 
-def test_a_hung_replica_hits_the_deadlines_and_is_taken_out_without_dragging_the_rest(tmp_path: Path) -> None:
+def test_a_slow_then_hung_replica_does_not_drag_the_rest_and_hits_the_deadlines(tmp_path: Path) -> None:
     a, b, c = replicas(tmp_path)
     deadline = 1.5
     gw = gateway_proc(
@@ -109,33 +108,52 @@ def test_a_hung_replica_hits_the_deadlines_and_is_taken_out_without_dragging_the
     )
     with running(a, b, c, gw):
         wait_ready(gw)
-        plain = {"x-fake-delay": "0.05"}
-        base = Load(gw.url, workers=16, headers=PINNED, stream_headers=STREAM, plain_headers=plain)
-        asyncio.run(load_with(base, seconds=2.0))
-        assert all(o.ok for o in base.outcomes), summary(base.outcomes)
+        # Slow: A answers every request 1.5 s late (below the deadlines); B's latency must not follow.
+        base = Load(gw.url, workers=16, stream_share=0, headers=PINNED)
+        asyncio.run(load_with(base, seconds=1.5))
+        httpx.post(f"{a.url}/fake/delay", params={"s": str(deadline)}, timeout=5)
+        slow = Load(gw.url, workers=16, stream_share=0, headers=PINNED)
+        asyncio.run(load_with(slow, seconds=3.0))
+        httpx.post(f"{a.url}/fake/delay", params={"s": "0"}, timeout=5)
+        served = [o.served_by for o in slow.outcomes]
+        before, during = _direct_latency(base.outcomes, "B"), _direct_latency(slow.outcomes, "B")
+        print(
+            f"\nreplica A {deadline} s slow: {summary(slow.outcomes)}; A served {served.count('A')}, B"
+            f" {served.count('B')}; B's median {before * 1e3:.0f} ms before, {during * 1e3:.0f} ms during"
+        )
+        assert all(o.ok for o in slow.outcomes), summary(slow.outcomes)
+        assert served.count("B") > served.count("A")  # least booked work: B takes what A is slow to finish
+        assert during < 3 * before + 0.25
 
-        load = Load(gw.url, workers=16, headers=PINNED, stream_headers=STREAM, plain_headers=plain)
-        stopped_at = asyncio.run(load_with(load, seconds=8.0, at=1.0, fault=a.pause))
+        # Hung: SIGSTOP while A relays streams and owes response heads. The kernel still accepts
+        # connections to it; nothing answers.
+        def hang() -> None:
+            wait_until(lambda: replica_state(gw, a.url)["inflight"] >= 4, 20, "requests in flight on A", 0.05)
+            a.pause()
+
+        stream = {"x-fake-chunks": "40", "x-fake-interval": "0.1"}  # 4 s
+        load = Load(gw.url, workers=16, headers=PINNED, stream_headers=stream, plain_headers={"x-fake-delay": "0.5"})
+        stopped_at = asyncio.run(load_with(load, seconds=9.0, at=3.0, fault=hang))
         try:
-            out = ready(gw)
+            state = replica_state(gw, a.url)
         finally:
             a.resume()
-        state = next(r for r in out["replicas"] if r["url"] == a.url)
-        print(f"\nSIGSTOP of replica A under 16 workers: {summary(load.outcomes)}; A now {state}")
         cut = [o for o in load.outcomes if o.error_event]
+        retried = metric(gw, "specgate_retries_total")
+        print(f"SIGSTOP of replica A: {summary(load.outcomes)}; {retried:.0f} retried; A then {state}")
         assert not [o for o in load.outcomes if not o.ok and not o.error_event], summary(load.outcomes)
-        assert all(o.head_at is not None and o.head_at < stopped_at + 0.5 for o in cut), "only started streams cut"
-        assert cut, "streams relayed from A must end with an error event once the idle deadline passes"
+        assert all(o.head_at is not None and o.head_at < stopped_at + 2.0 for o in cut), "only started streams cut"
+        assert cut, "streams relayed from A end with an error event once the idle deadline passes"
+        assert retried > 0, "requests owed a head by A are retried once the first-byte deadline passes"
         slack = 10.0  # a loaded 2-core CI machine: generous, but far from a hang
         assert all(o.ended - stopped_at < deadline + slack for o in cut)
-        retried = [o for o in load.outcomes if "retry" in o.reason]
-        assert all(o.ended - o.started < 2 * deadline + slack for o in retried)
+        assert all(o.ended - o.started < 2 * deadline + slack for o in load.outcomes if not o.stream)
         assert not state["healthy"] or state["breaker"] != "closed", "the hung replica is taken out"
-
-        # Requests that went to B directly were not slowed by A's hang.
-        before = _direct_latency(base.outcomes, "B")
-        during = _direct_latency([o for o in load.outcomes if o.started > stopped_at + 3 * deadline], "B")
-        print(f"  plain requests served by B directly: median {before * 1e3:.0f} ms before, {during * 1e3:.0f} during")
+        # Plain requests B answered directly: as fast after A hung as before.
+        plain = [o for o in load.outcomes if not o.stream]
+        before = _direct_latency([o for o in plain if o.ended < stopped_at], "B")
+        during = _direct_latency([o for o in plain if o.started > stopped_at + 2 * deadline], "B")
+        print(f"  plain requests B answered directly: median {before * 1e3:.0f} ms before, {during * 1e3:.0f} after")
         assert during < 3 * before + 0.25
 
 
@@ -143,25 +161,3 @@ def _direct_latency(outcomes: list[Outcome], name: str) -> float:
     times = [o.ended - o.started for o in outcomes if o.served_by == name and "retry" not in o.reason and o.ok]
     assert len(times) >= 5, f"too few requests served by {name}: {len(times)}"
     return statistics.median(times)
-
-
-def test_a_slow_replica_does_not_drag_the_other(tmp_path: Path) -> None:
-    a, b, c = replicas(tmp_path)
-    gw = gateway_proc(tmp_path, [a.url, b.url], [c.url])
-    with running(a, b, c, gw):
-        wait_ready(gw)
-        plain = {"x-specgate-pool": "standard"}
-        base = Load(gw.url, workers=16, stream_share=0, headers=plain)
-        asyncio.run(load_with(base, seconds=2.0))
-        httpx.post(f"{a.url}/fake/delay", params={"s": "1.5"}, timeout=5)  # A still answers, 1.5 s late
-        slow = Load(gw.url, workers=16, stream_share=0, headers=plain)
-        asyncio.run(load_with(slow, seconds=4.0))
-        served = [o.served_by for o in slow.outcomes]
-        before, during = _direct_latency(base.outcomes, "B"), _direct_latency(slow.outcomes, "B")
-        print(
-            f"\nreplica A 1.5 s slow: {summary(slow.outcomes)}; A served {served.count('A')}, B {served.count('B')};"
-            f" B's median {before * 1e3:.0f} ms before, {during * 1e3:.0f} ms during"
-        )
-        assert all(o.ok for o in slow.outcomes), summary(slow.outcomes)
-        assert served.count("B") > served.count("A")  # least booked work: B takes what A is slow to finish
-        assert during < 3 * before + 0.25

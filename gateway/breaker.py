@@ -13,14 +13,15 @@ engine), or fail requests long before its next check. The breaker watches what t
 
 A failure is a connect error, a response broken off, a first-byte or idle timeout, or a 5xx status; a 4xx
 is the client's fault and counts as a success. The open-to-half-open step is taken by :meth:`tick`, which
-the snapshot loop calls a few times a second, so the request path only reads one attribute (``admits``)
-per candidate replica and pays one clock read and a few integer updates per outcome.
+the snapshot loop calls a few times a second (it also rotates the error-rate window), so the request path
+only reads one attribute (``admits``) per candidate replica and pays a few integer updates per outcome.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -49,14 +50,23 @@ class BreakerPolicy:
 
 class CircuitBreaker:
     """One replica's breaker. ``admits`` is what ``Pool.pick`` reads: False while open or while the
-    half-open probe is in flight."""
+    half-open probe is in flight.
+
+    The error-rate window is a ring of one-second slots that :meth:`tick` rotates (off the request path),
+    so an outcome costs the request path a few integer stores and no clock read.
+    """
 
     __slots__ = (
-        "_buckets",
         "_clock",
         "_consecutive",
+        "_failures",
         "_on_change",
         "_policy",
+        "_requests",
+        "_ring",
+        "_ring_failures",
+        "_ring_requests",
+        "_slot_start",
         "admits",
         "opened_at",
         "opens",
@@ -73,8 +83,10 @@ class CircuitBreaker:
         self._on_change = on_change
         self._clock = clock
         self._consecutive = 0
-        # One [second, requests, failures] bucket per second of the window, indexed by second % size.
-        self._buckets = [[-1, 0, 0] for _ in range(max(1, math.ceil(policy.window_s)))]
+        self._requests = self._failures = 0  # outcomes in the current slot
+        self._ring: deque[tuple[int, int]] = deque()  # (requests, failures) of the window's closed slots
+        self._ring_requests = self._ring_failures = 0
+        self._slot_start = clock()
         self.state = CLOSED
         self.admits = True
         self.opened_at = 0.0
@@ -83,71 +95,77 @@ class CircuitBreaker:
     # -- outcomes (the proxy) ------------------------------------------------------------------------
     def success(self) -> None:
         self._consecutive = 0
-        if not self._policy.enabled:
-            return
-        self._count(failed=False)
-        if self.state == HALF_OPEN:
+        self._requests += 1
+        if self.state is HALF_OPEN:
             self._set(CLOSED)
 
     def failure(self) -> None:
         policy = self._policy
+        self._consecutive += 1
+        self._requests += 1
+        self._failures += 1
         if not policy.enabled:
             return
-        self._consecutive += 1
-        requests, failures = self._count(failed=True)
+        requests = self._ring_requests + self._requests
+        failures = self._ring_failures + self._failures
         tripped = self._consecutive >= policy.failure_threshold or (
             requests >= policy.min_requests and failures >= policy.error_rate * requests
         )
-        if self.state == HALF_OPEN or (self.state == CLOSED and tripped):
+        if self.state is HALF_OPEN or (self.state is CLOSED and tripped):
             self._open()
 
     # -- dispatch (the pools) ------------------------------------------------------------------------
     def dispatched(self) -> bool:
         """A request was booked on this replica; True when it is the half-open probe."""
-        if self.state != HALF_OPEN:
+        if self.state is not HALF_OPEN:
             return False
         self.admits = False
         return True
 
     def probe_ended(self) -> None:
         """The probe's booking was released; without an outcome the breaker lets the next request probe."""
-        if self.state == HALF_OPEN:
+        if self.state is HALF_OPEN:
             self.admits = True
 
     def tick(self) -> None:
-        """Move from open to half-open once the cool-down is over (called off the request path)."""
-        if self.state == OPEN and self._clock() >= self.opened_at + self._policy.cooldown_s:
+        """Rotate the window's slots; move from open to half-open once the cool-down is over. Called a few
+        times a second off the request path (the snapshot loop)."""
+        now = self._clock()
+        elapsed = int(now - self._slot_start)
+        if elapsed >= 1:
+            self._rotate(elapsed)
+            self._slot_start += elapsed
+        if self.state is OPEN and now >= self.opened_at + self._policy.cooldown_s:
             self._set(HALF_OPEN)
 
     # -- internals -----------------------------------------------------------------------------------
+    def _rotate(self, slots: int) -> None:
+        keep = max(1, math.ceil(self._policy.window_s)) - 1  # closed slots; the current one makes the window
+        pushed = [(self._requests, self._failures)] + [(0, 0)] * min(slots - 1, keep)
+        self._requests = self._failures = 0
+        for requests, failures in pushed:
+            self._ring.append((requests, failures))
+            self._ring_requests += requests
+            self._ring_failures += failures
+        while len(self._ring) > keep:
+            requests, failures = self._ring.popleft()
+            self._ring_requests -= requests
+            self._ring_failures -= failures
+
     def _open(self) -> None:
         self.opened_at = self._clock()
         self.opens += 1
         self._consecutive = 0
-        for bucket in self._buckets:  # a fresh window after the cool-down: old failures do not reopen it
-            bucket[0] = -1
+        # A fresh window after the cool-down: old failures do not reopen it.
+        self._ring.clear()
+        self._ring_requests = self._ring_failures = self._requests = self._failures = 0
         self._set(OPEN)
 
     def _set(self, state: str) -> None:
         self.state = state
-        self.admits = state != OPEN
+        self.admits = state is not OPEN
         if self._on_change is not None:
             self._on_change(state)
-
-    def _count(self, failed: bool) -> tuple[int, int]:
-        """Count one outcome; returns (requests, failures) over the window (summed on failures only)."""
-        second = int(self._clock())
-        buckets = self._buckets
-        bucket = buckets[second % len(buckets)]
-        if bucket[0] != second:
-            bucket[0], bucket[1], bucket[2] = second, 0, 0
-        bucket[1] += 1
-        if not failed:
-            return 0, 0
-        bucket[2] += 1
-        oldest = second - len(buckets)
-        live = [b for b in buckets if b[0] > oldest]
-        return sum(b[1] for b in live), sum(b[2] for b in live)
 
 
 def breaker_policy(settings: Settings) -> BreakerPolicy:

@@ -152,10 +152,9 @@ class PoolSet:
         return sorted({m for r in self.replicas() for m in r.models})
 
     def tick_breakers(self) -> None:
-        """Let open breakers whose cool-down is over go half-open (off the request path)."""
+        """Rotate the breakers' windows; open ones whose cool-down is over go half-open (off the request path)."""
         for replica in self.replicas():
-            if replica.breaker.state == OPEN:
-                replica.breaker.tick()
+            replica.breaker.tick()
 
     def total_booked(self) -> int:
         return sum(r.booked_tokens for r in self.replicas())

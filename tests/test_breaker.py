@@ -44,6 +44,7 @@ def test_error_rate_over_the_window_opens_it() -> None:
     b, clock, _ = breaker(failure_threshold=100, error_rate=0.5, min_requests=10, window_s=10)
     for i in range(20):  # alternate: never 2 failures in a row, 50 % failures
         clock.now += 0.1
+        b.tick()
         b.success() if i % 2 else b.failure()
     assert b.state == OPEN
 
@@ -53,6 +54,7 @@ def test_old_outcomes_leave_the_window() -> None:
     for _ in range(9):
         b.failure()  # 9 failures, but under min_requests
     clock.now += 30  # they age out of the window
+    b.tick()
     for _ in range(9):
         b.success()
     b.failure()  # 1 of 10 in the window
@@ -86,6 +88,27 @@ def test_failed_probe_reopens_and_a_probe_without_outcome_lets_another_probe() -
     b.failure()
     assert (b.state, b.admits, b.opened_at) == (OPEN, False, clock.now)
     assert b.opens == 2
+
+
+def test_the_window_holds_the_last_window_s_seconds() -> None:
+    b, clock, _ = breaker(failure_threshold=100, error_rate=0.5, min_requests=10, window_s=3)
+    for _ in range(9):  # second 0: 9 failures, under min_requests
+        b.failure()
+    clock.now += 1.5
+    b.tick()
+    b.success()  # second 1
+    clock.now += 1.0
+    b.tick()  # second 2: second 0 is still in the 3 s window
+    b.failure()  # 11 outcomes, 10 failures
+    assert b.state == OPEN
+    b2, clock2, _ = breaker(failure_threshold=100, error_rate=0.5, min_requests=10, window_s=3)
+    for _ in range(9):
+        b2.failure()
+    clock2.now += 3.5
+    b2.tick()  # second 0 left the window
+    b2.success()
+    b2.failure()
+    assert b2.state == CLOSED
 
 
 def test_disabled_breaker_never_opens() -> None:

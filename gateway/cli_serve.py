@@ -77,10 +77,9 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=False,
         proxy_headers=False,  # routing never reads the client address; skip the middleware on the hot path
         server_header=False,
-        # uvicorn annotates this int; it only reaches asyncio.wait_for, which takes seconds as a float.
-        timeout_graceful_shutdown=settings.shutdown_grace_s,  # type: ignore[arg-type]
     )
-    return serve(config, app.state, settings.drain_delay_s)  # SIGTERM drains, then exit 0: gateway/shutdown.py
+    # SIGTERM drains, then exit 0: gateway/shutdown.py
+    return serve(config, app.state, settings.drain_delay_s, settings.shutdown_grace_s)
 
 
 def run_rules_check(args: argparse.Namespace) -> int:

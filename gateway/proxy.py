@@ -20,6 +20,7 @@ from gateway.errors import (
     BodyTooLarge,
     GatewayError,
     MalformedJSON,
+    ShuttingDown,
     UpstreamConnectError,
     UpstreamError,
     UpstreamTimeout,
@@ -117,6 +118,8 @@ class _Relay:
                 raise
             if guard.reason == "disconnect":
                 self.status = 499
+            elif guard.reason == "shutdown":  # the grace period ran out: end with an error, not a cut
+                await self._fail(send, ShuttingDown("the gateway is shutting down; retry the request"))
             else:
                 self._count_error("timeout")
                 if self.ttft is not None and self.booking is not None:

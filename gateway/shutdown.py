@@ -6,8 +6,10 @@ On the first SIGTERM (or SIGINT) the gateway
 2. after ``drain_delay_s`` (default 0: in Kubernetes the pod's ``preStop`` sleep already gave the endpoints
    time to drop it) closes its listener: new connections are refused, idle keep-alive connections close,
    busy ones close after their response;
-3. lets in-flight requests and streams finish for up to ``shutdown_grace_s`` (uvicorn's graceful-shutdown
-   timeout), then cancels what is left and runs the lifespan shutdown;
+3. lets in-flight requests and streams finish for up to ``shutdown_grace_s``; then ends what is left the
+   way a failed replica does (a stream gets an OpenAI-style error event, a request still waiting for its
+   head a 503 ``shutting_down``), by firing every request guard; uvicorn's own graceful-shutdown timeout,
+   set a little later, is only the backstop that cancels whatever still runs; then the lifespan shutdown;
 4. exits 0. uvicorn would re-raise the captured SIGTERM after a clean shutdown, so the process would end
    "killed by SIGTERM" (exit 143); a drain that completed is a normal exit, so it is not re-raised.
 
@@ -16,6 +18,7 @@ A second signal keeps uvicorn's own behaviour (a second Ctrl-C forces the exit).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import socket
@@ -29,13 +32,16 @@ from gateway.state import GatewayState
 log = logging.getLogger("specgate.shutdown")
 DRAIN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 STARTUP_FAILURE = 3  # uvicorn's exit status when the server did not start
+BACKSTOP_S = 2.0  # after the grace period, how long ended requests get to finish before uvicorn cancels them
 
 
 class GracefulServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: GatewayState, drain_delay_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, state: GatewayState, drain_delay_s: float, grace_s: float) -> None:
+        config.timeout_graceful_shutdown = grace_s + BACKSTOP_S  # type: ignore[assignment]  # a float is fine
         super().__init__(config)
         self._state = state
         self._drain_delay_s = drain_delay_s
+        self._grace_s = grace_s
         self._drain_until: float | None = None
         self._announced = False
 
@@ -59,7 +65,16 @@ class GracefulServer(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         self._announce()
-        await super().shutdown(sockets)
+        timer = asyncio.get_running_loop().call_later(self._grace_s, self._end_what_is_left)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _end_what_is_left(self) -> None:
+        ended = self._state.sweeper.fire_all("shutdown")
+        if ended:
+            log.warning("grace period over: %d request(s) still in flight end with a shutting_down error", ended)
 
     def _announce(self) -> None:
         if not self._announced and self._drain_until is not None:
@@ -67,13 +82,13 @@ class GracefulServer(uvicorn.Server):
             log.info(
                 "draining: /ready answers 503; the listener closes after %.1f s; in-flight requests get %.1f s",
                 max(0.0, self._drain_delay_s),
-                self.config.timeout_graceful_shutdown or 0.0,
+                self._grace_s,
             )
 
 
-def serve(config: uvicorn.Config, state: GatewayState, drain_delay_s: float) -> int:
+def serve(config: uvicorn.Config, state: GatewayState, drain_delay_s: float, grace_s: float) -> int:
     """Run the server until it drained after a signal; the process's exit status."""
-    server = GracefulServer(config, state, drain_delay_s)
+    server = GracefulServer(config, state, drain_delay_s, grace_s)
     server.run()
     if not server.started:
         return STARTUP_FAILURE

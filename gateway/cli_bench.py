@@ -18,6 +18,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     overhead.add_argument("--json", type=Path, help="also write the results as JSON")
     overhead.set_defaults(func=run_overhead)
     cli_bench_compare.register(bench_sub)
+    signals = bench_sub.add_parser(
+        "signals", help="request latency while Redis and Prometheus are healthy, slow (SIGSTOPped) or down"
+    )
+    signals.add_argument("--requests", type=int, default=1500, help="requests per condition")
+    signals.add_argument("--settle", type=float, default=3.0, help="seconds between start-up and measuring")
+    signals.set_defaults(func=run_signals)
 
 
 def run_overhead(args: argparse.Namespace) -> int:
@@ -29,3 +35,13 @@ def run_overhead(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(overhead.TARGETS)})")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     return overhead.main(targets, concurrency, args.scale, args.json)
+
+
+def run_signals(args: argparse.Namespace) -> int:
+    from gateway.bench import signals_latency
+    from gateway.bench.services import MissingBinary
+
+    try:
+        return signals_latency.main(args.requests, args.settle)
+    except MissingBinary as exc:
+        raise SystemExit(f"specgate bench signals: {exc}") from exc

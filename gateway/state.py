@@ -8,15 +8,16 @@ import random
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from gateway.config import Settings
-from gateway.errors import UnknownModel
+from gateway.errors import MissingExtra, UnknownModel
 from gateway.features import Classifier
 from gateway.guard import Sweeper
 from gateway.health import HealthChecker
+from gateway.logs import RequestIds, RequestLog
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet
 from gateway.qps import LocalQps
@@ -25,6 +26,9 @@ from gateway.signals.engine_poller import ScrapeTarget
 from gateway.signals.hub import SignalHub
 from gateway.snapshot import Snapshot
 from gateway.upstream import Upstream, make_upstream
+
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTracer
 
 log = logging.getLogger("specgate")
 
@@ -55,6 +59,12 @@ class GatewayState:
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
         self.health_rounds = 0
         self._tasks: list[asyncio.Task[None]] = []
+        # Observability hooks of the relay; None (no per-request work) unless switched on.
+        self.request_ids = RequestIds()
+        self.request_log = RequestLog() if settings.log_format == "json" else None
+        self.tracer: RequestTracer | None = None
+        if settings.tracing == "otel":
+            self.tracer = _otel_tracer()
 
     # -- rules ---------------------------------------------------------------------------------------
     def read_rules(self) -> RoutingRules:
@@ -114,3 +124,13 @@ class GatewayState:
         self._tasks.clear()
         await self.signals.stop()
         await self.upstream.close()
+        if self.tracer is not None:
+            await self.tracer.shutdown()
+
+
+def _otel_tracer() -> RequestTracer:
+    try:
+        from gateway.tracing import RequestTracer  # imported only when tracing is on
+    except ImportError as exc:
+        raise MissingExtra(f"SPECGATE_TRACING=otel needs OpenTelemetry: pip install 'specgate[otel]' ({exc})") from exc
+    return RequestTracer()

@@ -202,13 +202,15 @@ def test_the_metrics_fixtures_live_inside_the_repository() -> None:
         for path in (REPO_ROOT / folder).rglob("*")
         if path.suffix in (".py", ".sh") and "../" + "shared" in path.read_text(encoding="utf-8")
     ]
-    assert not offenders, f"these reach outside the repository for shared data, which a clone does not have: {offenders}"
+    assert not offenders, (
+        f"these reach outside the repository for shared data, which a clone does not have: {offenders}"
+    )
 
 
 def test_the_helm_chart_ships_the_same_dashboard() -> None:
     chart_copy = REPO_ROOT / "helm" / "specgate" / "dashboards" / "specgate.json"
     assert chart_copy.read_bytes() == DASHBOARD.read_bytes(), (
-        "cp deploy/grafana/dashboards/specgate.json helm/specgate/dashboards/"
+        "run `specgate sync-copies`"
     )
 
 

@@ -5,8 +5,9 @@ one record on the ``specgate.requests`` logger: request id, path, model, pool, r
 total time, completion tokens, whether it was retried. Never the prompt or the completion text. With the
 default ``text`` format no request record is built at all: the relay checks ``state.request_log is None``.
 
-The request id is the client's ``x-request-id`` header, or one made here: a random per-process prefix and a
-counter (about 0.1 us; ``uuid4().hex`` costs ~1.5 us). The relay returns it to the client and forwards it to
+The request id is the client's ``x-request-id`` header, or one made here: a random per-instance prefix and a
+counter (0.37 us per id, against 7.8 us for ``uuid4().hex`` and 2.1 us for ``secrets.token_hex(8)``, measured
+with ``python -m timeit`` on the 2-core development machine). The relay returns it to the client and forwards it to
 the pool as ``x-request-id`` (vLLM's OpenAI server uses that header as its request id), so one id follows a
 request through the gateway's log, the response and the engine's log.
 """

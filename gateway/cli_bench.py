@@ -29,6 +29,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     signals.add_argument("--requests", type=int, default=1500, help="requests per condition")
     signals.add_argument("--settle", type=float, default=3.0, help="seconds between start-up and measuring")
     signals.set_defaults(func=run_signals)
+    hooks = bench_sub.add_parser("hooks", help="CPU per request of the JSON request log and of tracing, in-process")
+    hooks.add_argument("-n", type=int, default=20000, help="calls per run")
+    hooks.add_argument("--repeat", type=int, default=5, help="runs (the best counts)")
+    hooks.set_defaults(func=run_hooks)
 
 
 def run_overhead(args: argparse.Namespace) -> int:
@@ -51,3 +55,9 @@ def run_signals(args: argparse.Namespace) -> int:
         return signals_latency.main(args.requests, args.settle)
     except MissingBinary as exc:
         raise SystemExit(f"specgate bench signals: {exc}") from exc
+
+
+def run_hooks(args: argparse.Namespace) -> int:
+    from gateway.bench import hooks
+
+    return hooks.main(args.n, args.repeat)

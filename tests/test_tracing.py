@@ -61,11 +61,12 @@ def test_a_request_span_with_the_decision_and_an_upstream_child(
     assert f"{request.context.trace_id:032x}" == CLIENT_TRACE and f"{request.parent.span_id:016x}" == CLIENT_SPAN
     assert upstream.parent is not None and upstream.parent.span_id == request.context.span_id
     attrs = request.attributes or {}
-    assert attrs["specgate.pool"] == attrs["specgate.decision.pool"] == r.headers["x-specgate-pool"] == "speculative"
+    assert attrs["specgate.pool"] == r.headers["x-specgate-pool"] == "speculative"
     assert attrs["specgate.reason"] == r.headers["x-specgate-reason"]
-    assert attrs["specgate.task"] == "translation" and attrs["specgate.decision.rule"] == "draft-friendly-task"
+    assert attrs["specgate.task"] == "translation" and attrs["specgate.rule"] == "draft-friendly-task"
     assert attrs["gen_ai.usage.output_tokens"] == 64 and attrs["http.response.status_code"] == 200
     assert attrs["specgate.request_id"] == "trace-1" and attrs["gen_ai.request.model"] == "fake-model"
+    assert attrs["gen_ai.request.max_tokens"] == 64 and isinstance(attrs["specgate.ttft_s"], float)
     assert request.status.status_code is StatusCode.UNSET
     assert (upstream.attributes or {})["server.address"] == upstreams.speculative_url
     # The pool got the upstream span's context: its own spans would continue this trace.
@@ -110,3 +111,15 @@ def test_serve_names_the_extra_when_opentelemetry_is_missing(
     code = main(["serve", "--standard", "http://127.0.0.1:9"])
     assert code == 2
     assert "pip install 'specgate[otel]'" in capsys.readouterr().err
+
+
+def test_without_a_client_traceparent_the_request_span_is_a_root(
+    traced: Callable[..., tuple[Gateway, InMemorySpanExporter]], upstreams: Upstreams
+) -> None:
+    gw, exporter = traced()
+    assert httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT).status_code == 200
+    spans = {s.kind: s for s in finished(exporter, 2)}
+    request, upstream = spans[SpanKind.SERVER], spans[SpanKind.CLIENT]
+    assert request.parent is None and request.context is not None and upstream.context is not None
+    sent = _header(upstreams.speculative.last_headers, "traceparent")
+    assert sent == f"00-{request.context.trace_id:032x}-{upstream.context.span_id:016x}-01"

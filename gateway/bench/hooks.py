@@ -64,7 +64,7 @@ def _tracing_rows(request: Any, n: int, repeat: int) -> list[tuple[str, float]]:
         provider = TracerProvider(sampler=sampler)
         # A queue for every span of a run: with the default 2048 the SDK drops what the export thread has not
         # taken yet (its CPU would then go uncounted); a gateway at this rate needs sampling or OTEL_BSP_*.
-        provider.add_span_processor(BatchSpanProcessor(Encoding(), max_queue_size=2 * n + 16))
+        provider.add_span_processor(BatchSpanProcessor(Encoding(), max_queue_size=max(512, 2 * n)))
         tracer = RequestTracer(provider)
 
         def traced(tracer: RequestTracer = tracer) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -18,6 +19,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import Receive, Scope, Send
 
+from gateway.adaptive.policy import is_warm, predictions
+from gateway.adaptive.views import model_view, prediction_view
 from gateway.config import Settings
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.proxy import ProxyRoute, parse_json_object
@@ -109,15 +112,21 @@ def create_app(
         payload = parse_json_object(body)
         route = routes[COMPLETIONS_PATH if "prompt" in payload else CHAT_PATH]
         headers = {k.lower(): v for k, v in request.headers.items()}
-        snapshot = state.snapshot
+        snapshot = state.current_snapshot()
         features, decision = route.route_payload(payload, headers, snapshot)
+        rules = state.ruleset.rules
+        objective = features.objective or state.ruleset.rules.objective
         return {
             "decision": {
                 "pool": decision.pool,
                 "reason": decision.reason,
                 "rule": decision.rule,
                 "fallback": decision.fallback,
+                "explored": decision.explored,
+                "load": decision.load,
             },
+            "predictions": [prediction_view(p, objective) for p in predictions(features, snapshot, rules)],
+            "model": {"warm": is_warm(snapshot, rules.adaptive), "observations": state.learner.observations},
             "features": {**asdict(features), "headers": None},
             "snapshot": {
                 "qps": snapshot.qps,
@@ -128,5 +137,12 @@ def create_app(
                 "signal_ages_s": dict(snapshot.signal_ages_s),
             },
         }
+
+    @api.get("/v1/route/model")
+    async def learned_model() -> dict[str, Any]:
+        """What the adaptive policy learned (read-only)."""
+        snapshot, rules = state.snapshot, state.ruleset.rules
+        view = model_view(snapshot.model, rules, time.monotonic(), is_warm(snapshot, rules.adaptive))
+        return {**view, "warm_after": state.warm_after}
 
     return SpecgateApp(state, api, routes)

@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     hooks.add_argument("-n", type=int, default=20000, help="calls per run")
     hooks.add_argument("--repeat", type=int, default=5, help="runs (the best counts)")
     hooks.set_defaults(func=run_hooks)
+    decide = bench_sub.add_parser("decide", help="the cost of one routing decision per policy (micro-benchmark)")
+    decide.add_argument("--rounds", type=int, default=20_000, help="calls timed per row")
+    decide.set_defaults(func=run_decide)
 
 
 def run_overhead(args: argparse.Namespace) -> int:
@@ -61,3 +64,9 @@ def run_hooks(args: argparse.Namespace) -> int:
     from gateway.bench import hooks
 
     return hooks.main(args.n, args.repeat)
+
+
+def run_decide(args: argparse.Namespace) -> int:
+    from gateway.bench import decide
+
+    return decide.main(args.rounds)

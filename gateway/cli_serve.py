@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from gateway import __version__
+from gateway import __version__, cli_rules_suggest
 from gateway.app import SpecgateApp, create_app
 from gateway.config import Settings
 from gateway.direct import DirectBodyProtocol
@@ -46,6 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = rules_sub.add_parser("check", help="validate a rules file; exit 1 naming each bad key")
     check.add_argument("file", type=Path)
     check.set_defaults(func=run_rules_check)
+    cli_rules_suggest.register(rules_sub)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

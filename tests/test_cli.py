@@ -12,6 +12,7 @@ import pytest
 from gateway import __version__
 from gateway.bench.loadgen import wait_http
 from gateway.cli import build_parser, main
+from gateway.rules import default_rules
 from gateway.servers import free_port
 from tests.conftest import Upstreams, wait_for
 
@@ -30,7 +31,7 @@ def test_serve_quick_start_without_a_rules_file(upstreams: Upstreams, tmp_path: 
     logged = (tmp_path / "serve.log").read_text()
     for expected in (
         f"specgate {__version__} listening on http://127.0.0.1:{port}",
-        "rules: shipped gateway/rules.yaml (5 rules, default pool standard)",
+        f"rules: shipped gateway/rules.yaml ({len(default_rules().rules)} rules, default pool standard)",
         f"pool standard: {upstreams.standard_url}",
         f"pool speculative: {upstreams.speculative_url}",
         "redis: off",
@@ -51,7 +52,7 @@ def _check_quick_start(url: str) -> None:
 
 def test_serve_rejects_an_invalid_rules_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "rules.yaml"
-    bad.write_text("default_pool: fastest\n")
+    bad.write_text("default_pool: nowhere\n")
     assert main(["serve", "--rules", str(bad)]) == 2
     assert "default_pool" in capsys.readouterr().err
 

@@ -18,6 +18,7 @@ from gateway.direct import DirectBodyProtocol
 from gateway.errors import MissingExtra, RulesError
 from gateway.logs import configure_logging
 from gateway.rules import load_rules
+from gateway.shutdown import serve
 
 log = logging.getLogger("specgate")
 
@@ -87,7 +88,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # passes went from ~60 ms to ~4 ms under load, see docs/architecture.md).
     gc.collect()
     gc.freeze()
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -99,7 +100,8 @@ def run_serve(args: argparse.Namespace) -> int:
         proxy_headers=False,  # routing never reads the client address; skip the middleware on the hot path
         server_header=False,
     )
-    return 0
+    # SIGTERM drains, then exit 0: gateway/shutdown.py
+    return serve(config, app.state, settings.drain_delay_s, settings.shutdown_grace_s)
 
 
 def log_summary(app: SpecgateApp) -> None:

@@ -20,6 +20,7 @@ from gateway.errors import (
     BodyTooLarge,
     GatewayError,
     MalformedJSON,
+    ShuttingDown,
     UpstreamConnectError,
     UpstreamError,
     UpstreamTimeout,
@@ -131,8 +132,12 @@ class _Relay:
                 raise
             if guard.reason == "disconnect":
                 self.status = 499
+            elif guard.reason == "shutdown":  # the grace period ran out: end with an error, not a cut
+                await self._fail(send, ShuttingDown("the gateway is shutting down; retry the request"))
             else:
                 self._count_error("timeout")
+                if self.ttft is not None and self.booking is not None:
+                    self.booking.replica.breaker.failure()  # idle deadline: the replica stopped mid-stream
                 await self._fail(send, UpstreamTimeout("the upstream stopped sending"))
         except GatewayError as exc:
             await self._fail(send, exc)
@@ -147,10 +152,18 @@ class _Relay:
         pools = self.state.pools
         tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
         self.booking = pools.acquire(self.pool, tokens)
+        if self.booking.replica.pool != self.pool:  # the decision's snapshot predates a breaker or health change
+            self.pool = self.booking.replica.pool
+            self.reason = f"{self.reason}; fallback: {self.pool}"
         while True:
             replica = self.booking.replica
             try:
-                return await self._attempt(replica, body)
+                opened = await self._attempt(replica, body)
+                if opened[0].status >= 500:
+                    replica.breaker.failure()
+                else:
+                    replica.breaker.success()
+                return opened
             except asyncio.CancelledError:
                 if guard.reason != "timeout" or not guard.absorb_cancel():
                     raise
@@ -161,6 +174,7 @@ class _Relay:
                 self._count_error("connect" if isinstance(exc, UpstreamConnectError) else "upstream")
                 if isinstance(exc, UpstreamConnectError):
                     replica.set_healthy(False)
+            replica.breaker.failure()
             self.booking.release()
             if self.retried:
                 raise error
@@ -222,6 +236,9 @@ class _Relay:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     self._count(chunk)
         except response.read_errors as exc:
+            self._count_error("disconnect")
+            if self.booking is not None:
+                self.booking.replica.breaker.failure()
             raise UpstreamError(f"upstream broke off the stream: {exc}") from exc
         finally:
             await response.close()

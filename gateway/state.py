@@ -17,6 +17,7 @@ from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.adaptive.policy import is_warm
 from gateway.adaptive.shared import ModelSync
+from gateway.breaker import breaker_policy
 from gateway.config import Settings
 from gateway.decide import Decision
 from gateway.errors import MissingExtra, UnknownModel
@@ -52,7 +53,7 @@ class GatewayState:
     def __init__(self, settings: Settings, registry: CollectorRegistry, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
-        self.pools = PoolSet(self.metrics, rng)
+        self.pools = PoolSet(self.metrics, rng, breaker_policy(settings))
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
@@ -69,6 +70,7 @@ class GatewayState:
             ModelSync(self.learner, self.signals.store, settings.model_ttl_s) if settings.redis_url else None
         )
         self.health_rounds = 0
+        self.draining = False  # set on SIGTERM (gateway/shutdown.py): /ready answers 503
         self._tasks: list[asyncio.Task[None]] = []
         # Observability hooks of the relay; None (no per-request work) unless switched on.
         self.request_ids = RequestIds()
@@ -172,6 +174,7 @@ class GatewayState:
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.snapshot_interval_s)
+            self.pools.tick_breakers()
             self.refresh_snapshot()
 
     # -- lifecycle -----------------------------------------------------------------------------------

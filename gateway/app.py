@@ -23,6 +23,7 @@ from gateway.adaptive.policy import is_warm, predictions
 from gateway.adaptive.views import model_view, prediction_view
 from gateway.config import Settings
 from gateway.errors import BodyTooLarge, GatewayError
+from gateway.pools import replica_states
 from gateway.proxy import ProxyRoute, parse_json_object
 from gateway.reload import RulesWatcher
 from gateway.state import GatewayState
@@ -87,8 +88,10 @@ def create_app(
         pools = {
             name: {"healthy": p.healthy_replicas, "total": p.total_replicas} for name, p in state.snapshot.pools.items()
         }
-        ok = any(p.available for p in state.snapshot.pools.values())
+        ok = any(p.available for p in state.snapshot.pools.values()) and not state.draining
         details = {"ready": ok, "pools": pools, "qps_source": state.snapshot.qps_source}
+        details["replicas"] = replica_states(state.pools)
+        details["draining"] = state.draining
         details["signals"] = state.signals.status()
         return JSONResponse(details, status_code=200 if ok else 503)
 

@@ -11,6 +11,7 @@ GatewayError                      500 server_error
     └── UpstreamTimeout           504
 
 RulesError                        a rules file that does not validate (not an HTTP error)
+MissingExtra                      a setting needs an optional extra that is not installed (not an HTTP error)
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ class NoHealthyBackend(GatewayError):
     code = "no_healthy_backend"
 
 
+class ShuttingDown(GatewayError):
+    """The gateway's shutdown grace period ran out while this request was still in flight."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "shutting_down"
+
+
 class UpstreamError(GatewayError):
     status_code = 502
     error_type = "upstream_error"
@@ -86,3 +95,7 @@ class RulesError(Exception):
 def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None) -> bytes:
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
     return orjson.dumps({"error": {"message": message, "type": error_type, "param": param, "code": code}})
+
+
+class MissingExtra(RuntimeError):
+    """A setting needs an optional dependency (``pip install 'specgate[EXTRA]'``) that is not installed."""

@@ -57,6 +57,18 @@ class GatewayMetrics:
             ["pool", "replica"],
             registry=registry,
         )
+        self.breaker_state = Gauge(
+            "specgate_replica_breaker_state",
+            "1 for the replica's current circuit-breaker state (closed, open, half_open), 0 for the others.",
+            ["pool", "replica", "state"],
+            registry=registry,
+        )
+        self.breaker_opens = Counter(
+            "specgate_breaker_opens",
+            "Times a replica's circuit breaker opened (failures in a row or error rate from real traffic).",
+            ["pool", "replica"],
+            registry=registry,
+        )
         self.upstream_errors = Counter(
             "specgate_upstream_errors",
             "Failures talking to a replica, by kind (connect, timeout, disconnect).",

@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -17,12 +17,14 @@ from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.adaptive.policy import is_warm
 from gateway.adaptive.shared import ModelSync
+from gateway.breaker import breaker_policy
 from gateway.config import Settings
 from gateway.decide import Decision
-from gateway.errors import UnknownModel
+from gateway.errors import MissingExtra, UnknownModel
 from gateway.features import Classifier, RequestFeatures
 from gateway.guard import Sweeper
 from gateway.health import HealthChecker
+from gateway.logs import RequestIds, RequestLog
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet
 from gateway.qps import LocalQps
@@ -31,6 +33,9 @@ from gateway.signals.engine_poller import ScrapeTarget
 from gateway.signals.hub import SignalHub
 from gateway.snapshot import POOL_NAMES, Snapshot
 from gateway.upstream import Upstream, make_upstream
+
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTracer
 
 log = logging.getLogger("specgate")
 
@@ -48,7 +53,7 @@ class GatewayState:
     def __init__(self, settings: Settings, registry: CollectorRegistry, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
-        self.pools = PoolSet(self.metrics, rng)
+        self.pools = PoolSet(self.metrics, rng, breaker_policy(settings))
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
@@ -65,7 +70,14 @@ class GatewayState:
             ModelSync(self.learner, self.signals.store, settings.model_ttl_s) if settings.redis_url else None
         )
         self.health_rounds = 0
+        self.draining = False  # set on SIGTERM (gateway/shutdown.py): /ready answers 503
         self._tasks: list[asyncio.Task[None]] = []
+        # Observability hooks of the relay; None (no per-request work) unless switched on.
+        self.request_ids = RequestIds()
+        self.request_log = RequestLog() if settings.log_format == "json" else None
+        self.tracer: RequestTracer | None = None
+        if settings.tracing == "otel":
+            self.tracer = _otel_tracer()
 
     # -- rules ---------------------------------------------------------------------------------------
     def read_rules(self) -> RoutingRules:
@@ -162,6 +174,7 @@ class GatewayState:
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.snapshot_interval_s)
+            self.pools.tick_breakers()
             self.refresh_snapshot()
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -193,3 +206,13 @@ class GatewayState:
         self._tasks.clear()
         await self.signals.stop()
         await self.upstream.close()
+        if self.tracer is not None:
+            await self.tracer.shutdown()
+
+
+def _otel_tracer() -> RequestTracer:
+    try:
+        from gateway.tracing import RequestTracer  # imported only when tracing is on
+    except ImportError as exc:
+        raise MissingExtra(f"SPECGATE_TRACING=otel needs OpenTelemetry: pip install 'specgate[otel]' ({exc})") from exc
+    return RequestTracer()

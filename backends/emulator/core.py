@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import random
 import time
@@ -102,6 +103,14 @@ class EmulatorCore:
         rid = f"{'chatcmpl' if parsed.kind == io.CHAT else 'cmpl'}-{uuid.uuid4().hex}"
         k = self.engine.model.k if self.config.speculative else 0
         return Job(parsed, style, rid, int(time.time()), self.runner.submit(request), k)
+
+    def drift(self, task: str, acceptance: float) -> int:
+        """From now on, serve the workload's ``task`` prompts at ``acceptance`` (a new draft model, a changed
+        prompt template): drift experiments for tests and demos. Returns how many prompts changed."""
+        changed = {key: dataclasses.replace(item, acceptance=acceptance)
+                   for key, item in self._truth.items() if item.task == task}  # fmt: skip
+        self._truth.update(changed)
+        return len(changed)
 
     def finish(self, job: Job) -> None:
         """Release a job: a no-op when it completed, an abort when the client went away."""

@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 NODES = 12  # load grid: 2**i - 1 for i in 0..11
 PROMPT_BINS = (128, 512, 2048)  # prompt-token edges: bins 0..3
-SHRINK = 4.0  # an offset with weight w counts w / (w + SHRINK) of its value
+SHRINK = 4.0  # an offset with weight w counts min(1, w / SHRINK) of its value: a few samples move it a little
 Z = 1.64  # interval half-width in log-sigmas (~90 %)
 
 
@@ -64,7 +64,7 @@ class Offset:
 
     @property
     def shrunk(self) -> float:
-        return self.value * self.weight / (self.weight + SHRINK)
+        return self.value * min(1.0, self.weight / SHRINK)
 
 
 _NO_OFFSET = Offset(0.0, 0.0)

@@ -13,11 +13,13 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.types import Receive, Scope, Send
 
+from gateway import admin
+from gateway.auth import require_admin
 from gateway.config import Settings
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.proxy import ProxyRoute, parse_json_object
@@ -73,7 +75,8 @@ def create_app(
 
     @api.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> Response:
-        return Response(exc.to_json(), status_code=exc.status_code, media_type="application/json")
+        headers = {k.decode(): v.decode() for k, v in exc.headers}
+        return Response(exc.to_json(), status_code=exc.status_code, media_type="application/json", headers=headers)
 
     @api.get("/health")
     async def health() -> dict[str, str]:
@@ -90,7 +93,9 @@ def create_app(
         return JSONResponse(details, status_code=200 if ok else 503)
 
     @api.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if settings.metrics_need_admin:
+            state.access.check_admin(request.headers)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/v1/models")
@@ -101,7 +106,7 @@ def create_app(
             "data": [{"id": n, "object": "model", "created": 0, "owned_by": "specgate"} for n in names],
         }
 
-    @api.post("/v1/route/explain")
+    @api.post("/v1/route/explain", dependencies=[Depends(require_admin)])
     async def explain(request: Request) -> dict[str, Any]:
         body = await request.body()
         if len(body) > settings.max_body_bytes:
@@ -129,4 +134,5 @@ def create_app(
             },
         }
 
+    admin.register(api, state)
     return SpecgateApp(state, api, routes)

@@ -112,9 +112,13 @@ class PoolSet:
             raise NoHealthyBackend(f"no healthy replica in the {pool} pool")
         return replica.book(tokens)
 
-    def acquire_retry(self, pool: str, tokens: int, tried: frozenset[Replica]) -> Booking:
-        """A second attempt: another replica of the same pool first, then the other pool."""
+    def acquire_retry(
+        self, pool: str, tokens: int, tried: frozenset[Replica], allowed: frozenset[str] | None = None
+    ) -> Booking:
+        """A second attempt: another replica of the same pool first, then the other pool (if ``allowed``)."""
         for name in (pool, other_pool(pool)):
+            if allowed is not None and name not in allowed and name != pool:
+                continue
             replica = self.pools[name].pick(tried)
             if replica is not None:
                 return replica.book(tokens)

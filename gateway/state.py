@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -12,11 +14,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from gateway.auth import Access, upstream_headers
 from gateway.config import Settings
 from gateway.errors import UnknownModel
 from gateway.features import Classifier
 from gateway.guard import Sweeper
 from gateway.health import HealthChecker
+from gateway.limits import Limiter
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet
 from gateway.qps import LocalQps
@@ -45,6 +49,8 @@ class GatewayState:
         self.pools = PoolSet(self.metrics, rng)
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
+        self.upstream_auth = upstream_headers(settings)  # per pool: the Authorization sent to its replicas
+        self.access = Access(settings, Limiter(owner=f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"))
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
         self.ruleset = self._build_ruleset(self.read_rules())
@@ -106,6 +112,10 @@ class GatewayState:
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")
         self.add_task(self.sweeper.run(), "deadlines")
+        self.access.announce()
+        if self.settings.redis_url:
+            interval = self.settings.redis_sync_interval_s
+            self.add_task(self.access.limiter.run(self.signals.store, interval), "limits-sync")
 
     async def stop(self) -> None:
         for task in self._tasks:

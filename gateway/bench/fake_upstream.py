@@ -34,14 +34,21 @@ class FakeUpstream:
         self.events_sent = 0  # stream events written, over all streams
         self.last_body: dict[str, Any] | None = None
         self.last_headers: dict[str, str] = {}
+        self.seen: list[tuple[str, str, str]] = []  # (method, raw path, Host) of every request, health checks too
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._record])
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         return app
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.seen.append((request.method, request.raw_path, request.headers.get("Host", "")))
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)
@@ -69,7 +76,8 @@ class FakeUpstream:
             return web.Response(status=status, body=orjson.dumps(error), content_type="application/json")
         count = int(h.get("x-fake-chunks", body.get("max_tokens") or 16))
         if not body.get("stream"):
-            return web.Response(body=self._completion(body, count), content_type="application/json")
+            extra = orjson.loads(h.get("x-fake-response-headers", "{}"))  # e.g. hop-by-hop ones, for tests
+            return web.Response(body=self._completion(body, count), content_type="application/json", headers=extra)
         return await self._stream(request, body, count, float(h.get("x-fake-interval", 0)), h.get("x-fake-stall-after"))
 
     def _completion(self, body: dict[str, Any], count: int) -> bytes:

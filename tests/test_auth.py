@@ -153,9 +153,7 @@ def test_each_pool_gets_its_own_upstream_key(gateway: StartGateway, upstreams: U
 
 
 @pytest.mark.parametrize(("key", "pool"), [(SECRET, "standard"), ("sk-bench-77", "speculative")])
-def test_steering_headers_need_the_permission(
-    gateway: StartGateway, upstreams: Upstreams, key: str, pool: str
-) -> None:
+def test_steering_headers_need_the_permission(gateway: StartGateway, upstreams: Upstreams, key: str, pool: str) -> None:
     gw = gateway(keys=KEYS)
     headers = {**bearer(key), "x-specgate-pool": "speculative", "x-specgate-objective": "throughput"}
     with httpx.Client(base_url=gw.url) as client:

@@ -150,9 +150,7 @@ SMUGGLING = {
 
 
 @pytest.mark.parametrize("framing", SMUGGLING.values(), ids=list(SMUGGLING))
-def test_request_smuggling_is_refused_with_400(
-    gateway: StartGateway, upstreams: Upstreams, framing: list[str]
-) -> None:
+def test_request_smuggling_is_refused_with_400(gateway: StartGateway, upstreams: Upstreams, framing: list[str]) -> None:
     gw = gateway()
     smuggled = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
     body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY) + smuggled

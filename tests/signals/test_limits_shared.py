@@ -32,7 +32,7 @@ async def test_sync_limits_debits_refills_and_sums_inflight(store: SharedState) 
 
 @pytest.mark.redis
 def test_two_gateways_share_a_key_limit_through_redis(gateway: StartGateway, shared_redis: RedisServer) -> None:
-    keys = "keys: [{name: shared-%d, key: sk-shared, rpm: 6}]" % time.monotonic_ns()  # a fresh Redis bucket
+    keys = f"keys: [{{name: shared-{time.monotonic_ns()}, key: sk-shared, rpm: 6}}]"  # a fresh Redis bucket
     gws = [gateway(keys=keys, redis_url=shared_redis.url, redis_sync_interval_s=0.05) for _ in range(2)]
     statuses = []
     for i in range(12):

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gateway.errors import RateLimited
@@ -83,6 +83,23 @@ def duration(seconds: float) -> str:
     return f"{minutes}m{rest}s"
 
 
+def _headers_for(kind: bytes) -> Callable[[Bucket], Headers]:
+    limit, remaining, reset = (b"x-ratelimit-%s-%s" % (what, kind) for what in (b"limit", b"remaining", b"reset"))
+
+    def headers(bucket: Bucket) -> Headers:
+        level = bucket.level
+        return (
+            (limit, b"%d" % bucket.limit),
+            (remaining, b"%d" % (level if level > 0 else 0)),
+            (reset, duration((bucket.limit - level) / bucket.rate).encode()),
+        )
+
+    return headers
+
+
+_REQUEST_HEADERS, _TOKEN_HEADERS = _headers_for(b"requests"), _headers_for(b"tokens")
+
+
 @dataclass(eq=False, slots=True)
 class KeyLimits:
     """One key's limits and this replica's view of them."""
@@ -115,16 +132,16 @@ class KeyLimits:
         return Admission(self, cost, self.headers(now))
 
     def headers(self, now: float) -> Headers:
-        out: list[tuple[bytes, bytes]] = []
-        for kind, bucket in (("requests", self.requests), ("tokens", self.tokens)):
-            if bucket is not None:
-                bucket.refill(now)
-                out += [
-                    (b"x-ratelimit-limit-" + kind.encode(), b"%d" % bucket.limit),
-                    (b"x-ratelimit-remaining-" + kind.encode(), b"%d" % max(0, math.floor(bucket.level))),
-                    (b"x-ratelimit-reset-" + kind.encode(), duration(bucket.reset_s()).encode()),
-                ]
-        return tuple(out)
+        """OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for the buckets this key has."""
+        out: Headers = ()
+        requests, tokens = self.requests, self.tokens
+        if requests is not None:
+            requests.refill(now)
+            out = _REQUEST_HEADERS(requests)
+        if tokens is not None:
+            tokens.refill(now)
+            out += _TOKEN_HEADERS(tokens)
+        return out
 
     def _refused(self, kind: str, what: str, wait_s: float, now: float) -> RateLimited:
         wait_s = max(wait_s, 0.001)

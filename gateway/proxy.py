@@ -63,19 +63,18 @@ class ProxyRoute:
             await send_error(send, exc, list(exc.headers))
             state.metrics.count_request("none", "rejected", "none", exc.status_code)
             return
-        state.metrics.route_step.observe(time.perf_counter() - started)
-        state.qps.record(time.monotonic())
-        state.signals.record_request(time.time())
-        relay = _Relay(state, self.path, features, decision, headers, started)
-        if key is None:
-            await relay.run(body, receive, send, direct_body(scope))
-            return
-        relay.allowed, relay.extra_headers = key.pools, list(admission.headers) if admission else []
+        relay = None
         try:
+            state.metrics.route_step.observe(time.perf_counter() - started)
+            state.qps.record(time.monotonic())
+            state.signals.record_request(time.time())
+            relay = _Relay(state, self.path, features, decision, headers, started)
+            if key is not None:
+                relay.allowed, relay.extra_headers = key.pools, list(admission.headers) if admission else []
             await relay.run(body, receive, send, direct_body(scope))
         finally:
             if admission is not None:  # exactly once, whatever ended the request
-                admission.finish(features.prompt_tokens + relay.used_tokens() if relay.status == 200 else 0)
+                admission.finish(relay.used_tokens(features.prompt_tokens) if relay is not None else 0)
 
     def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:
         return self.route_payload(parse_json_object(body), headers, self.state.snapshot)
@@ -254,9 +253,12 @@ class _Relay:
             if writer is not None:
                 writer.uncork()
 
-    def used_tokens(self) -> int:
-        """Completion tokens: the response's usage, else the stream events relayed (a stream cut short too)."""
-        return self.tokens or self.usage or max(self.events - 1, 0)
+    def used_tokens(self, prompt_tokens: int) -> int:
+        """What a key's token limit is charged: nothing for a failed request; else the prompt estimate plus
+        the response's usage, or the stream events relayed (a stream cut short too)."""
+        if self.status != 200:
+            return 0
+        return prompt_tokens + (self.tokens or self.usage or max(self.events - 1, 0))
 
     def _relay_direct(self, chunk: bytes) -> bool:
         """The pipe's sink: runs in the upstream connection's read callback, once per socket read."""

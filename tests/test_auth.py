@@ -196,3 +196,31 @@ def test_max_tokens_cap_refuses_more_and_fills_in_none(
         assert upstreams.standard.requests == 0
     else:
         assert upstreams.standard.last_body is not None and upstreams.standard.last_body["max_tokens"] == sent
+
+
+def test_keys_admin_token_and_pool_keys_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a compose env file or a Secret's secretKeyRef sets."""
+    monkeypatch.setenv("SPECGATE_KEYS", "{keys: [{name: env, key: sk-env, rpm: 5}]}")
+    monkeypatch.setenv("SPECGATE_ADMIN_TOKEN", "adm-env")
+    monkeypatch.setenv("SPECGATE_SPECULATIVE_API_KEY", "vllm-spec")
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    from gateway.auth import read_keys, upstream_headers
+
+    assert [k.name for k in read_keys(settings).keys] == ["env"]
+    assert settings.admin_token is not None and settings.admin_token.get_secret_value() == "adm-env"
+    assert upstream_headers(settings) == {"speculative": {"authorization": "Bearer vllm-spec"}}
+    assert "sk-env" not in repr(settings) and "adm-env" not in repr(settings) and "vllm-spec" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    "header", ["x-specgate-pool", "x-specgate-slo-ttft-ms", "x-specgate-slo-e2e-ms", "x-specgate-objective"]
+)
+def test_every_steering_header_is_stripped_for_a_key_without_the_permission(
+    gateway: StartGateway, upstreams: Upstreams, header: str
+) -> None:
+    gw = gateway(keys=KEYS)
+    with httpx.Client(base_url=gw.url) as client:
+        for key in (SECRET, "sk-bench-77"):
+            r = client.post("/v1/chat/completions", json=chat(), headers={**bearer(key), header: "standard"})
+            assert r.status_code == 200
+            assert (header in {k.lower() for k in upstreams.standard.last_headers}) == (key == "sk-bench-77")

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.types import Receive, Scope, Send
 
 from gateway import admin
-from gateway.auth import require_admin
+from gateway.auth import require_admin, require_key
 from gateway.config import Settings
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.proxy import ProxyRoute, parse_json_object
@@ -98,7 +98,7 @@ def create_app(
             state.access.check_admin(request.headers)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @api.get("/v1/models")
+    @api.get("/v1/models", dependencies=[Depends(require_key)])
     async def models() -> dict[str, Any]:
         names = sorted(state.ruleset.models or state.pool_models)
         return {

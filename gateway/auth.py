@@ -238,6 +238,11 @@ class Access:
             raise AuthenticationError("This endpoint needs the admin token.")
 
 
+def require_key(request: Request) -> None:
+    """FastAPI dependency for what any API key may read (``/v1/models``): 401 without one once keys are set."""
+    request.app.state.gateway.access.authenticate(dict(request.headers))
+
+
 def require_admin(request: Request) -> None:
     """FastAPI dependency for operator endpoints: ``dependencies=[Depends(require_admin)]``."""
     request.app.state.gateway.access.check_admin(request.headers)

@@ -12,6 +12,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import create_app
+from gateway.auth import KeysError
 from gateway.config import Settings
 from gateway.direct import DirectBodyProtocol
 from gateway.errors import RulesError
@@ -54,8 +55,9 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         app = create_app(settings)
-    except RulesError as exc:
-        print(f"specgate: invalid rules file {exc.source}:", file=sys.stderr)
+    except (RulesError, KeysError) as exc:
+        what = "rules file" if isinstance(exc, RulesError) else "API keys from"
+        print(f"specgate: invalid {what} {exc.source}:", file=sys.stderr)
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2

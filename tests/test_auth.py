@@ -230,3 +230,11 @@ def test_every_steering_header_is_stripped_for_a_key_without_the_permission(
         # an invalid value is a 400 for a key the header reaches, and unseen (so harmless) for the others
         bad = {**bearer(SECRET), header: "nonsense"}
         assert client.post("/v1/chat/completions", json=chat(), headers=bad).status_code == 200
+
+
+@pytest.mark.parametrize(("keys", "headers", "status"), [(None, {}, 200), (KEYS, {}, 401), (KEYS, bearer(SECRET), 200)])
+def test_the_model_list_needs_a_key_once_keys_are_set(
+    gateway: StartGateway, keys: str | None, headers: dict[str, str], status: int
+) -> None:
+    gw = gateway(keys=keys)
+    assert httpx.get(gw.url + "/v1/models", headers=headers).status_code == status

@@ -45,6 +45,12 @@ def test_explain_needs_the_admin_token(
         assert r.json()["error"]["code"] == "invalid_api_key"
 
 
+@pytest.mark.parametrize(("token", "status"), [(None, 401), ("sk-app", 401), (ADMIN, 200)])
+def test_the_learned_model_needs_the_admin_token(gateway: StartGateway, token: str | None, status: int) -> None:
+    gw = gateway(admin_token=ADMIN, keys=KEYS)
+    assert call(gw, "GET", "/v1/route/model", token).status_code == status
+
+
 @pytest.mark.parametrize(("need", "token", "status"), [(False, None, 200), (True, None, 401), (True, ADMIN, 200)])
 def test_metrics_optionally_need_the_admin_token(
     gateway: StartGateway, need: bool, token: str | None, status: int

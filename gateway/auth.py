@@ -195,6 +195,8 @@ class Access:
     def reload(self) -> int:
         """Re-read the keys (``POST /admin/reload``); an invalid source raises :class:`KeysError`, old keys stay."""
         self.load(read_keys(self.settings))
+        if self.open:
+            log.warning("no API keys after the reload: the gateway is open to anyone who can reach it")
         return len(self.keys)
 
     def announce(self) -> None:

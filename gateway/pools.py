@@ -125,10 +125,15 @@ class PoolSet:
     def replicas(self) -> list[Replica]:
         return [r for pool in self.pools.values() for r in pool.replicas]
 
-    def acquire(self, pool: str, tokens: int, tried: frozenset[Replica] = frozenset()) -> Booking:
-        """Book the best replica in ``pool``, else in the other pool (the snapshot the decision read may be
-        older than a breaker that just opened); raise :class:`NoHealthyBackend` when none is left."""
-        replica = self.pools[pool].pick(tried) or self.pools[other_pool(pool)].pick(tried)
+    def acquire(
+        self, pool: str, tokens: int, tried: frozenset[Replica] = frozenset(), allowed: frozenset[str] | None = None
+    ) -> Booking:
+        """Book the best replica in ``pool``, else in the other pool if ``allowed`` (the snapshot the decision
+        read may be older than a breaker that just opened); raise :class:`NoHealthyBackend` when none is left."""
+        replica = self.pools[pool].pick(tried)
+        other = other_pool(pool)
+        if replica is None and (allowed is None or other in allowed):
+            replica = self.pools[other].pick(tried)
         if replica is None:
             raise NoHealthyBackend(f"no healthy replica in the {pool} pool")
         return replica.book(tokens)

@@ -168,7 +168,7 @@ class _Relay:
         """Book a replica and read the response head plus its first chunk; retry once on failure."""
         pools = self.state.pools
         tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
-        self.booking = pools.acquire(self.pool, tokens)
+        self.booking = pools.acquire(self.pool, tokens, allowed=self.allowed)
         if self.booking.replica.pool != self.pool:  # the decision's snapshot predates a breaker or health change
             self.pool = self.booking.replica.pool
             self.reason = f"{self.reason}; fallback: {self.pool}"

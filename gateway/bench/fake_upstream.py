@@ -18,6 +18,7 @@ replica that still answers.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import orjson
@@ -37,7 +38,8 @@ class FakeUpstream:
         self.events_sent = 0  # stream events written, over all streams
         self.last_body: dict[str, Any] | None = None
         self.last_headers: dict[str, str] = {}
-        self.seen: list[tuple[str, str, str]] = []  # (method, raw path, Host) of every request, health checks too
+        # (method, raw path, Host) of the latest requests, health checks too; bounded for long-running use
+        self.seen: deque[tuple[str, str, str]] = deque(maxlen=10_000)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._record])

@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     qps_window_s: float = Field(default=10.0, gt=0)
     reload_rules: bool = True
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"  # json: JSON lines, one per finished request (gateway/logs.py)
+    tracing: Literal["off", "otel"] = "off"  # otel: OpenTelemetry spans, OTEL_* variables (gateway/tracing.py)
 
     # Live signals (gateway/signals): vLLM /metrics scrapes, Prometheus queries, state shared through Redis.
     engine_metrics_interval_s: float = Field(default=1.0, gt=0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -35,6 +35,9 @@ from gateway.snapshot import Snapshot
 from gateway.state import GatewayState
 from gateway.upstream import RawHeaders, UpstreamResponse, forwardable
 
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTrace
+
 ChunkReader = Callable[[], Awaitable[bytes]]
 _USAGE_KEY = b'"completion_tokens":'
 _ACCEPTANCE_KEY = b'"mean_acceptance_length":'
@@ -53,6 +56,7 @@ class ProxyRoute:
         state = self.state
         started = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = headers.get("x-request-id") or state.request_ids.make()
         admission = None
         try:
             key = state.access.authenticate(headers)  # before the body: no key, no upload
@@ -62,15 +66,17 @@ class ProxyRoute:
             else:
                 body, features, decision, admission = self.route_key(key, body, headers)
         except GatewayError as exc:
-            await send_error(send, exc, list(exc.headers))
+            await send_error(send, exc, [(b"x-request-id", request_id.encode("latin-1")), *exc.headers])
             state.metrics.count_request("none", "rejected", "none", exc.status_code)
+            if state.request_log is not None:
+                state.request_log.rejected(request_id, self.path, exc.status_code, exc.error_type, started)
             return
         relay = None
         try:
             state.metrics.route_step.observe(time.perf_counter() - started)
             state.qps.record(time.monotonic())
             state.signals.record_request(time.time())
-            relay = _Relay(state, self.path, features, decision, headers, started)
+            relay = _Relay(state, self.path, features, decision, headers, started, request_id)
             if key is not None:
                 relay.allowed, relay.extra_headers = key.pools, list(admission.headers) if admission else []
             await relay.run(body, receive, send, direct_body(scope))
@@ -113,12 +119,14 @@ class _Relay:
         decision: Decision,
         headers: dict[str, str],
         started: float,
+        request_id: str,
     ) -> None:
         self.state = state
         self.path = path
         self.features = features
         self.decision = decision
         self.forward_headers = forwardable(headers)
+        self.forward_headers["x-request-id"] = self.request_id = request_id  # vLLM takes it as its request id
         self.allowed: frozenset[str] | None = None  # the pools the caller's key may use (None: any)
         self.extra_headers: RawHeaders = []  # x-ratelimit-* for a limited key
         self.started = started
@@ -136,8 +144,11 @@ class _Relay:
         self.acceptance: float | None = None  # vLLM's per-request mean acceptance length, when it reports one
         self._guard: Guard | None = None
         self._writer: DirectBody | None = None
+        self._trace: RequestTrace | None = None
 
     async def run(self, body: bytes, receive: Receive, send: Send, writer: DirectBody | None = None) -> None:
+        if self.state.tracer is not None:
+            self._trace = self.state.tracer.begin(self)
         guard = self._guard = self.state.sweeper.guard(self.state.settings.first_byte_timeout_s)
         self._writer = writer
         guard.watch_disconnect(receive, writer)
@@ -208,6 +219,8 @@ class _Relay:
         pool_auth = self.state.upstream_auth.get(replica.pool)
         if pool_auth is not None:
             headers = {**headers, **pool_auth}
+        if self._trace is not None:
+            headers = self._trace.upstream(replica.pool, replica.url, headers)
         response = await self.state.upstream.send(replica.url + self.path, body, headers)
         try:
             if not _is_event_stream(response.headers):
@@ -311,6 +324,7 @@ class _Relay:
             (b"x-specgate-pool", self.pool.encode()),
             (b"x-specgate-reason", self.reason.encode("latin-1", "replace")),
             (b"x-specgate-task", self.features.task.encode("latin-1", "replace")),
+            (b"x-request-id", self.request_id.encode("latin-1", "replace")),
         ]
         predicted = self.decision.predicted
         if predicted is not None and predicted.pool == self.pool:
@@ -325,6 +339,10 @@ class _Relay:
     def _record(self) -> None:
         metrics = self.state.metrics
         metrics.count_request(self.pool, self.reason, self.features.task, self.status)
+        if self.state.request_log is not None:
+            self.state.request_log.finished(self)
+        if self._trace is not None:
+            self._trace.end(self)
         if self.status != 200 or self.ttft is None:
             return
         total = time.perf_counter() - self.started

@@ -24,7 +24,8 @@ from gateway.config import Settings
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 
 # Hop-by-hop and framing headers are never relayed (RFC 9110 7.6.1), nor those a Connection header names;
-# the gateway frames its own messages. The client's credentials never reach a pool (a pool's own key is sent
+# the gateway frames its own messages. x-request-id: the gateway sends its own (the one it forwarded, which
+# vLLM echoes when asked to). The client's credentials never reach a pool (a pool's own key is sent
 # instead, see gateway.auth.upstream_headers).
 HOP_BY_HOP = frozenset(
     {
@@ -39,7 +40,9 @@ HOP_BY_HOP = frozenset(
         "proxy-connection",
     }
 )
-_DROP_RESPONSE = frozenset({name.encode() for name in HOP_BY_HOP} | {b"content-length", b"date", b"server"})
+_DROP_RESPONSE = frozenset(
+    {name.encode() for name in HOP_BY_HOP} | {b"content-length", b"date", b"server", b"x-request-id"}
+)
 DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "expect", "authorization", "api-key", "x-api-key"}
 
 RawHeaders = list[tuple[bytes, bytes]]

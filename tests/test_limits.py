@@ -164,6 +164,7 @@ def test_over_the_limit_gets_openai_429_with_headers(gateway: StartGateway) -> N
     assert 1 <= int(refused.headers["retry-after"]) <= 20
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
     assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
+    assert refused.headers["x-request-id"]  # joins the client's and the gateway's logs like any response
 
 
 def test_tokens_are_corrected_when_usage_arrives(gateway: StartGateway) -> None:

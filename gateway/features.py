@@ -194,4 +194,7 @@ def _temperature(body: Mapping[str, Any]) -> float | None:
         return None
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
         raise InvalidRequest("'temperature' must be a non-negative number", param="temperature")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past a double's range (orjson reads those as floats; other parsers don't)
+        raise InvalidRequest("'temperature' is out of range", param="temperature") from None

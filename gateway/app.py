@@ -16,10 +16,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from gateway.config import Settings
-from gateway.errors import BodyTooLarge, GatewayError
+from gateway.errors import BodyTooLarge, GatewayError, error_body
 from gateway.proxy import ProxyRoute, parse_json_object
 from gateway.reload import RulesWatcher
 from gateway.state import GatewayState
@@ -74,6 +75,12 @@ def create_app(
     @api.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> Response:
         return Response(exc.to_json(), status_code=exc.status_code, media_type="application/json")
+
+    @api.exception_handler(HTTPException)  # unknown paths and methods: OpenAI's shape, not FastAPI's "detail"
+    async def _http_error(_: Request, exc: HTTPException) -> Response:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = error_body(str(exc.detail), kind)
+        return Response(body, status_code=exc.status_code, media_type="application/json", headers=exc.headers)
 
     @api.get("/health")
     async def health() -> dict[str, str]:

@@ -13,8 +13,8 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import Settings
-from gateway.direct import DirectBodyProtocol
 from gateway.errors import RulesError
+from gateway.intake import intake_protocol
 from gateway.rules import load_rules
 
 
@@ -71,7 +71,9 @@ def run_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=DirectBodyProtocol,  # uvicorn's httptools protocol plus the relay's direct-write extension
+        # uvicorn's httptools protocol plus the relay's direct-write extension and limits on request heads and
+        # read time (gateway/intake.py)
+        http=intake_protocol(settings.client_max_head_bytes, settings.client_read_timeout_s),
         log_level=settings.log_level,
         access_log=False,
         proxy_headers=False,  # routing never reads the client address; skip the middleware on the hot path

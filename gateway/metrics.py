@@ -78,6 +78,11 @@ class GatewayMetrics:
             buckets=STEP_BUCKETS,
             registry=registry,
         )
+        self.loop_lag = Gauge(
+            "specgate_event_loop_lag_seconds",
+            "Largest event-loop lag (a timer's lateness) over the last 5 s window.",
+            registry=registry,
+        )
         self.rule_reloads.labels("ok")
         self.rule_reloads.labels("rejected")
         # Children the hot path uses, looked up once instead of per request.

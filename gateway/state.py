@@ -17,6 +17,7 @@ from gateway.errors import UnknownModel
 from gateway.features import Classifier
 from gateway.guard import Sweeper
 from gateway.health import HealthChecker
+from gateway.looplag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet
 from gateway.qps import LocalQps
@@ -106,6 +107,7 @@ class GatewayState:
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")
         self.add_task(self.sweeper.run(), "deadlines")
+        self.add_task(LoopLagMonitor(self.metrics.loop_lag).run(), "loop-lag")
 
     async def stop(self) -> None:
         for task in self._tasks:

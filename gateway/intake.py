@@ -97,7 +97,7 @@ class IntakeProtocol(DirectBodyProtocol):
 
     def _check_read(self) -> None:
         self._read_timer = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self.transport.get_protocol() is not self:  # closed, or now a websocket
             return
         since, now = self._reading_since, self.loop.time()
         if since is not None and now - since >= self.read_timeout_s:
@@ -112,7 +112,7 @@ class IntakeProtocol(DirectBodyProtocol):
         then is dropped by uvicorn."""
         if self.transport.is_closing():
             return
-        cycle = self.cycle
+        cycle = getattr(self, "cycle", None)  # uvicorn's current request cycle (None before the first request)
         if cycle is None or cycle.response_complete or not cycle.response_started:
             self.transport.write(response)
         self.transport.close()

@@ -116,7 +116,7 @@ def create_app(
         payload = parse_json_object(body)
         route = routes[COMPLETIONS_PATH if "prompt" in payload else CHAT_PATH]
         headers = {k.lower(): v for k, v in request.headers.items()}
-        snapshot = state.snapshot
+        snapshot = state.current_snapshot()
         features, decision = route.route_payload(payload, headers, snapshot)
         return {
             "decision": {

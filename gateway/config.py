@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(default=0.25, gt=0)
     redis_sync_interval_s: float = Field(default=0.25, gt=0)
     redis_stale_after_s: float = Field(default=2.0, gt=0)
+    # The learned latency model (gateway/adaptive): shared through Redis when redis_url is set.
+    model_sync_interval_s: float = Field(default=2.0, gt=0)
+    model_ttl_s: float = Field(default=60.0, gt=0)  # a replica's shared numbers expire this long after its last sync
 
     @model_validator(mode="after")
     def _no_unknown_environment(self) -> Settings:

@@ -124,8 +124,15 @@ class PoolSet:
         result = {}
         for name, pool in self.pools.items():
             healthy, total = pool.snapshot_counts()
-            result[name] = PoolSnapshot(name=name, healthy_replicas=healthy, total_replicas=total)
+            inflight = sum(r.inflight for r in pool.replicas)
+            result[name] = PoolSnapshot(
+                name=name, healthy_replicas=healthy, total_replicas=total, inflight=inflight, inflight_base=inflight
+            )
         return result
+
+    def inflight_counts(self) -> dict[str, int]:
+        """This gateway's requests in flight per pool, now."""
+        return {name: sum(r.inflight for r in pool.replicas) for name, pool in self.pools.items()}
 
     def models(self) -> list[str]:
         return sorted({m for r in self.replicas() for m in r.models})

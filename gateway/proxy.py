@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from gateway.adaptive.learner import Observation
+from gateway.adaptive.model import segment_of
 from gateway.decide import Decision, decide
 from gateway.direct import DirectBody, direct_body
 from gateway.errors import (
@@ -63,7 +65,7 @@ class ProxyRoute:
         await relay.run(body, receive, send, direct_body(scope))
 
     def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:
-        return self.route_payload(parse_json_object(body), headers, self.state.snapshot)
+        return self.route_payload(parse_json_object(body), headers, self.state.current_snapshot())
 
     def route_payload(
         self, payload: dict[str, Any], headers: dict[str, str], snapshot: Snapshot
@@ -94,6 +96,7 @@ class _Relay:
         self.started = started
         self.pool = decision.pool
         self.reason = decision.reason
+        self.objective = features.objective or state.ruleset.rules.objective
         self.status = 0
         self.ttft: float | None = None
         self.tokens = 0
@@ -243,11 +246,15 @@ class _Relay:
         await send({"type": "http.response.body", "body": event, "more_body": False})
 
     def _route_headers(self) -> RawHeaders:
-        return [
+        headers = [
             (b"x-specgate-pool", self.pool.encode()),
             (b"x-specgate-reason", self.reason.encode("latin-1", "replace")),
             (b"x-specgate-task", self.features.task.encode("latin-1", "replace")),
         ]
+        predicted = self.decision.predicted
+        if predicted is not None and predicted.pool == self.pool:
+            headers.append((b"x-specgate-predicted-ms", b"%.0f" % (predicted.value(self.objective) * 1000)))
+        return headers
 
     def _count_error(self, kind: str) -> None:
         replica = self.booking.replica if self.booking is not None else None
@@ -262,6 +269,12 @@ class _Relay:
         total = time.perf_counter() - self.started
         tpot = (total - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
         metrics.observe_latency(self.pool, self.ttft, total, tpot)
+        decision, features = self.decision, self.features
+        if decision.learning and self.pool == decision.pool:  # a retry elsewhere ran at a load nobody saw
+            self.state.learn(Observation(
+                self.pool, segment_of(features.task, features.copy), features.prompt_tokens, decision.load,
+                self.ttft, total, self.tokens, at_s=time.monotonic(),
+            ))  # fmt: skip
 
 
 def _is_event_stream(headers: RawHeaders) -> bool:

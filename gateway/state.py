@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -12,6 +13,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from gateway.adaptive.learner import Learner, Observation
+from gateway.adaptive.shared import ModelSync
 from gateway.config import Settings
 from gateway.errors import UnknownModel
 from gateway.features import Classifier
@@ -48,12 +51,16 @@ class GatewayState:
         self.upstream: Upstream = make_upstream(settings)
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
+        self.learner = Learner()
         self.ruleset = self._build_ruleset(self.read_rules())
         self.pool_models: frozenset[str] = frozenset()
         self.signals = SignalHub(
             settings, targets=self._scrape_targets, local_qps=lambda: self.qps.rate(time.monotonic()), registry=registry
         )
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
+        self.model_sync = (
+            ModelSync(self.learner, self.signals.store, settings.model_ttl_s) if settings.redis_url else None
+        )
         self.health_rounds = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -65,6 +72,7 @@ class GatewayState:
     def _build_ruleset(self, rules: RoutingRules) -> RuleSet:
         rules = rules.with_replicas(self.settings.standard_urls, self.settings.speculative_urls)
         self.pools.configure({name: pool.replicas for name, pool in rules.pools.items()})
+        self.learner.set_learning_rate(rules.adaptive.learning_rate)
         return RuleSet(rules, Classifier(rules), frozenset(rules.models))
 
     def apply_rules(self, rules: RoutingRules) -> None:
@@ -80,7 +88,22 @@ class GatewayState:
     # -- snapshot ------------------------------------------------------------------------------------
     def refresh_snapshot(self) -> None:
         self.pool_models = frozenset(self.pools.models())
-        self.snapshot = self.signals.build_snapshot(self.pools.pool_snapshots())
+        snapshot = self.signals.build_snapshot(self.pools.pool_snapshots())
+        if self.ruleset.rules.uses_fastest:
+            snapshot = dataclasses.replace(snapshot, model=self.learner.model(time.monotonic()))
+        self.snapshot = snapshot
+
+    def current_snapshot(self) -> Snapshot:
+        """The snapshot for a decision now: with the learned model, this gateway's in-flight counts are
+        taken fresh (the model predicts from load, and a scrape is up to a second old)."""
+        snapshot = self.snapshot
+        if snapshot.model is None:
+            return snapshot
+        return snapshot.with_inflight(self.pools.inflight_counts())
+
+    def learn(self, observation: Observation) -> None:
+        """One finished request's outcome; folded in at once, seen by decisions from the next snapshot on."""
+        self.learner.observe(observation)
 
     def _scrape_targets(self) -> list[ScrapeTarget]:
         return [ScrapeTarget(r.pool, r.url) for r in self.pools.replicas()]
@@ -108,6 +131,14 @@ class GatewayState:
         self.add_task(self._snapshot_loop(), "snapshot")
         self.add_task(self.sweeper.run(), "deadlines")
         self.add_task(LoopLagMonitor(self.metrics.loop_lag).run(), "loop-lag")
+        if self.model_sync is not None:
+            self.add_task(self._model_sync_loop(self.model_sync), "model-sync")
+
+    async def _model_sync_loop(self, sync: ModelSync) -> None:
+        while True:
+            if self.ruleset.rules.uses_fastest:
+                await sync.sync(time.time())
+            await asyncio.sleep(self.settings.model_sync_interval_s)
 
     async def stop(self) -> None:
         for task in self._tasks:

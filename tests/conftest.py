@@ -20,6 +20,7 @@ from gateway.app import SpecgateApp, create_app
 from gateway.bench.fake_upstream import FakeUpstream
 from gateway.config import Settings
 from gateway.intake import intake_protocol
+from gateway.rules import reference_rules_path
 from gateway.servers import ThreadServer, free_port
 
 
@@ -80,6 +81,8 @@ def gateway(upstreams: Upstreams) -> Iterator[Callable[..., Gateway]]:
             "health_timeout_s": 0.5,
             "snapshot_interval_s": 0.05,
         }
+        if "rules_file" not in overrides:  # the static reference table: tests of the proxy assert its routing
+            values.update(rules_file=reference_rules_path(), reload_rules=False)
         values.update(overrides)
         registry = CollectorRegistry()
         settings = Settings(_env_file=None, **values)  # type: ignore[call-arg]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from gateway import cli_bench_compare
@@ -51,6 +52,8 @@ def run_soak(args: argparse.Namespace) -> int:
         streams=args.streams, duration_s=args.duration, direct_s=args.direct, chunks=args.chunks,
         pace_s=args.pace, sample_s=args.sample, warmup_s=args.warmup,
     )  # fmt: skip
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # samples show as they come, also into a log file
     console = Console(width=160)
     console.print(f"[bold]specgate bench soak[/]: {config.streams} streams, {config.chunks} events x "
                   f"{config.pace_s * 1e3:.0f} ms, {config.duration_s:.0f} s through specgate, "

@@ -14,6 +14,7 @@ the samples. Targets: 0 errors, 1.00x direct throughput, RSS growth < 5 % after 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -64,6 +65,7 @@ class Sample:
     fds: int | None = None
     loop_lag_ms: float | None = None
     gateway_5xx: float | None = None
+    gateway_5xx_by: dict[str, float] = field(default_factory=dict)  # "status reason" -> count so far
     scrape_ms: float | None = None
 
 
@@ -79,6 +81,7 @@ class Phase:
     ttfb_p50_ms: float
     ttfb_p99_ms: float
     samples: list[Sample] = field(default_factory=list)
+    probe_errors: list[str] = field(default_factory=list)  # /metrics scrapes that failed (the sample kept RSS, fds)
 
 
 @dataclass
@@ -134,14 +137,18 @@ def process_stats(pid: int) -> tuple[float, int]:
     return rss_kb / 1024, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def gateway_gauges(text: str) -> tuple[float | None, float]:
-    """The loop-lag gauge (seconds) and the count of 5xx answers, from a /metrics page."""
-    lag, errors = None, 0.0
+def gateway_gauges(text: str) -> tuple[float | None, dict[str, float]]:
+    """The loop-lag gauge (seconds) and the 5xx answers by status and reason, from a /metrics page."""
+    lag: float | None = None
+    errors: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name == "specgate_event_loop_lag_seconds":
             lag = family.samples[0].value if family.samples else None
         elif family.name == "specgate_requests":
-            errors += sum(s.value for s in family.samples if s.name.endswith("_total") and s.labels["status"][0] == "5")
+            for s in family.samples:
+                if s.name.endswith("_total") and s.labels["status"][0] == "5":
+                    key = f"{s.labels['status']} {s.labels['reason']}"
+                    errors[key] = errors.get(key, 0.0) + s.value
     return lag, errors
 
 
@@ -151,9 +158,12 @@ class Sampler:
     def __init__(self, config: SoakConfig, result: Measurement, url: str, pid: int | None) -> None:
         self.config, self.result, self.url, self.pid = config, result, url, pid
         self.samples: list[Sample] = []
+        self.probe_errors: list[str] = []
 
     async def run(self, started: float, console: Console) -> None:
-        async with httpx.AsyncClient(base_url=self.url, timeout=10.0) as http:
+        # a fresh connection per probe: a kept-alive one would race uvicorn's 5 s keep-alive timeout (ReadError)
+        no_keepalive = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(base_url=self.url, timeout=30.0, limits=no_keepalive) as http:
             previous, previous_t = 0, 0.0
             while True:
                 await asyncio.sleep(self.config.sample_s - (time.perf_counter() - started) % self.config.sample_s)
@@ -162,7 +172,11 @@ class Sampler:
                 sample = Sample(round(t, 1), completed, self.result.errors, (completed - previous) / (t - previous_t))
                 previous, previous_t = completed, t
                 if self.pid is not None:
-                    await self._probe(http, sample)
+                    try:
+                        await self._probe(http, sample)
+                    except Exception as exc:  # a missed probe, not a missed sample (named in the output)
+                        self.probe_errors.append(f"t={sample.t_s}s: {type(exc).__name__}: {exc}")
+                        console.print(f"  probe failed: {self.probe_errors[-1]}", highlight=False)
                 self.samples.append(sample)
                 console.print(f"  t={sample.t_s:>6.1f}s  {_line(sample)}", highlight=False)
 
@@ -172,12 +186,14 @@ class Sampler:
         scrape = time.perf_counter()
         page = await http.get("/metrics")
         sample.scrape_ms = (time.perf_counter() - scrape) * 1e3
-        lag, sample.gateway_5xx = gateway_gauges(page.text)
+        lag, sample.gateway_5xx_by = gateway_gauges(page.text)
+        sample.gateway_5xx = sum(sample.gateway_5xx_by.values())
         sample.loop_lag_ms = None if lag is None else lag * 1e3
 
 
 def _line(s: Sample) -> str:
-    gateway = "" if s.rss_mb is None else f"  RSS {s.rss_mb:.1f} MiB  fds {s.fds}  loop lag {s.loop_lag_ms:.1f} ms"
+    lag = "" if s.loop_lag_ms is None else f"  loop lag {s.loop_lag_ms:.1f} ms"
+    gateway = "" if s.rss_mb is None else f"  RSS {s.rss_mb:.1f} MiB  fds {s.fds}{lag}"
     return f"{s.rps:>7.1f} req/s  done {s.completed}  errors {s.errors}{gateway}"
 
 
@@ -199,6 +215,8 @@ async def _phase(target: str, url: str, duration_s: float, config: SoakConfig, p
     finally:
         sampling.cancel()
         client.close()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sampling  # re-raises what stopped the sampler early, if anything did
     steady = [s for s in sampler.samples if config.ramp_s <= s.t_s <= duration_s]
     span = steady[-1].t_s - steady[0].t_s if len(steady) > 1 else 0.0
     rps = (steady[-1].completed - steady[0].completed) / span if span else len(result.latencies) / result.wall_s
@@ -206,7 +224,7 @@ async def _phase(target: str, url: str, duration_s: float, config: SoakConfig, p
         target=target, duration_s=duration_s, completed=len(result.latencies), errors=result.errors,
         steady_rps=rps, p50_ms=percentile(result.latencies, 50) * 1e3, p99_ms=percentile(result.latencies, 99) * 1e3,
         ttfb_p50_ms=percentile(result.ttfbs, 50) * 1e3, ttfb_p99_ms=percentile(result.ttfbs, 99) * 1e3,
-        samples=sampler.samples,
+        samples=sampler.samples, probe_errors=sampler.probe_errors,
     )  # fmt: skip
 
 

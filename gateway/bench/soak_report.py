@@ -72,6 +72,12 @@ def verdicts(result: SoakResult) -> list[str]:
         lines.append(f"event-loop lag (5 s windows): median {median:.1f} ms, max {max(lags):.1f} ms")
     if fds:
         lines.append(f"open fds after the warm-up: {min(fds)}..{max(fds)}")
+    by = next((s.gateway_5xx_by for s in reversed(result.gateway.samples) if s.gateway_5xx_by), None)
+    if by:
+        lines.append("gateway 5xx by status and reason: " + ", ".join(f"{k}: {v:.0f}" for k, v in sorted(by.items())))
+    if result.gateway.probe_errors:
+        lines.append(f"/metrics probes that failed: {len(result.gateway.probe_errors)} "
+                     f"(first: {result.gateway.probe_errors[0]})")  # fmt: skip
     return lines
 
 

@@ -262,7 +262,7 @@ def bad_chunked(rng: random.Random) -> Case:
 
 
 def headers(rng: random.Random) -> Case:
-    kind = rng.randrange(11)
+    kind = rng.randrange(12)
     many = [(f"x-h{i}", "v" * 30) for i in range(3000)]
     variants: list[tuple[list[tuple[str, str]], bool]] = [  # (headers, json_level)
         ([("x-big", "a" * rng.choice([70_000, 300_000]))], False),
@@ -274,6 +274,9 @@ def headers(rng: random.Random) -> Case:
         *(([bad], False) for bad in [("x bad", "v"), ("x-nul", "a\x00b"), ("", "v"), ("x-fold", "a\r\n b"),
                                       ("x-ctl", "\x01\x7f")]),
     ]
+    name = rng.choice(["x-specgate-pool", "x-specgate-objective", "x-specgate-slo-ttft-ms", "x-specgate-slo-e2e-ms"])
+    value = rng.choice(["nan", "inf", "-1", "0", "1e400", "abc", "", "100", "standard", "speculative", "e2e", "\xff"])
+    variants.append(([(name, value)], True))  # the gateway's own headers, any value: 2xx or OpenAI-shaped 4xx
     extra, json_level = variants[kind]
     path = CHAT + "?" + "q" * rng.choice([1000, 80_000]) if kind == 4 else CHAT
     return Case("huge and many headers", request(VALID, path, headers=[*FAKE, *extra]), json_level=json_level)
@@ -334,6 +337,6 @@ def plan(rng: random.Random, scale: float, body_limit: int) -> list[Batch]:
         Batch("truncated (stall)", make(300, lambda r: truncated(r, "stall")), 300),
         Batch("oversized", make(45, lambda r: oversized(r, body_limit)), 8),
         Batch("bad chunked", make(600, bad_chunked), 24),
-        Batch("huge and many headers", make(150, headers), 12),
+        Batch("huge and many headers", make(200, headers), 12),
         Batch("garbage bytes", make(1000, garbage), 24),
     ]

@@ -38,7 +38,7 @@ def assert_answer(response: httpx.Response) -> None:
 
 
 def test_any_json_body_through_the_gateway(gateway: Callable[..., Gateway], upstreams: Upstreams) -> None:
-    gw = gateway()
+    gw = gateway(rules_file=None)  # the shipped rules, as users run them
     seen: set[int] = set()
     with httpx.Client(base_url=gw.url, timeout=10.0) as client:
 

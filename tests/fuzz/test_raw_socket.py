@@ -46,7 +46,8 @@ async def _bookings_back_to_zero(gw: Gateway) -> None:
 
 
 async def test_raw_socket_fuzz(gateway: Callable[..., Gateway]) -> None:
-    gw = gateway(max_body_bytes=BODY_LIMIT, client_read_timeout_s=READ_TIMEOUT_S)
+    # the shipped rules (rules_file None): the adaptive policy and its headers, as users run it
+    gw = gateway(rules_file=None, max_body_bytes=BODY_LIMIT, client_read_timeout_s=READ_TIMEOUT_S)
     url = urlsplit(gw.url)
     host, port = url.hostname or "127.0.0.1", url.port or 80
     logging.getLogger("uvicorn.error").setLevel(logging.ERROR)  # one warning per refused request otherwise

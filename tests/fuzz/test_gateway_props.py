@@ -18,7 +18,7 @@ FUZZ = settings(
     derandomize=True,
     database=None,
     deadline=None,
-    max_examples=400,
+    max_examples=250,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 PATHS = ["/v1/chat/completions", "/v1/completions"]

@@ -14,14 +14,13 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from gateway.adaptive.learner import Observation
-from gateway.adaptive.model import segment_of
 from gateway.decide import Decision, decide
 from gateway.direct import DirectBody, direct_body
 from gateway.errors import (
     BodyTooLarge,
     GatewayError,
     MalformedJSON,
+    ShuttingDown,
     UpstreamConnectError,
     UpstreamError,
     UpstreamTimeout,
@@ -36,6 +35,7 @@ from gateway.upstream import DROP_REQUEST, RawHeaders, UpstreamResponse
 
 ChunkReader = Callable[[], Awaitable[bytes]]
 _USAGE_KEY = b'"completion_tokens":'
+_ACCEPTANCE_KEY = b'"mean_acceptance_length":'
 _STREAM_HEADERS: RawHeaders = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 
 
@@ -105,6 +105,7 @@ class _Relay:
         # Per-stream relay state, updated for every chunk (also from the direct sink, outside any task).
         self.events = 0
         self.usage: int | None = None
+        self.acceptance: float | None = None  # vLLM's per-request mean acceptance length, when it reports one
         self._guard: Guard | None = None
         self._writer: DirectBody | None = None
 
@@ -120,8 +121,12 @@ class _Relay:
                 raise
             if guard.reason == "disconnect":
                 self.status = 499
+            elif guard.reason == "shutdown":  # the grace period ran out: end with an error, not a cut
+                await self._fail(send, ShuttingDown("the gateway is shutting down; retry the request"))
             else:
                 self._count_error("timeout")
+                if self.ttft is not None and self.booking is not None:
+                    self.booking.replica.breaker.failure()  # idle deadline: the replica stopped mid-stream
                 await self._fail(send, UpstreamTimeout("the upstream stopped sending"))
         except GatewayError as exc:
             await self._fail(send, exc)
@@ -136,10 +141,18 @@ class _Relay:
         pools = self.state.pools
         tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
         self.booking = pools.acquire(self.pool, tokens)
+        if self.booking.replica.pool != self.pool:  # the decision's snapshot predates a breaker or health change
+            self.pool = self.booking.replica.pool
+            self.reason = f"{self.reason}; fallback: {self.pool}"
         while True:
             replica = self.booking.replica
             try:
-                return await self._attempt(replica, body)
+                opened = await self._attempt(replica, body)
+                if opened[0].status >= 500:
+                    replica.breaker.failure()
+                else:
+                    replica.breaker.success()
+                return opened
             except asyncio.CancelledError:
                 if guard.reason != "timeout" or not guard.absorb_cancel():
                     raise
@@ -150,6 +163,7 @@ class _Relay:
                 self._count_error("connect" if isinstance(exc, UpstreamConnectError) else "upstream")
                 if isinstance(exc, UpstreamConnectError):
                     replica.set_healthy(False)
+            replica.breaker.failure()
             self.booking.release()
             if self.retried:
                 raise error
@@ -186,6 +200,9 @@ class _Relay:
             await self._send_head(send, response.status, headers, first, more_body=False)
             self.ttft = time.perf_counter() - self.started
             self.tokens = _usage_tokens(first) or 0
+            self.usage = self.tokens or None
+            if _ACCEPTANCE_KEY in first:
+                self.acceptance = _number_after(first, _ACCEPTANCE_KEY)
             return
         await self._send_head(send, response.status, headers + _STREAM_HEADERS, first, more_body=True)
         self.ttft = time.perf_counter() - self.started
@@ -205,6 +222,9 @@ class _Relay:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     self._count(chunk)
         except response.read_errors as exc:
+            self._count_error("disconnect")
+            if self.booking is not None:
+                self.booking.replica.breaker.failure()
             raise UpstreamError(f"upstream broke off the stream: {exc}") from exc
         finally:
             await response.close()
@@ -235,6 +255,8 @@ class _Relay:
         self.events += chunk.count(b"data: ")
         if _USAGE_KEY in chunk:
             self.usage = _usage_tokens(chunk)
+            if _ACCEPTANCE_KEY in chunk:
+                self.acceptance = _number_after(chunk, _ACCEPTANCE_KEY)
 
     async def _fail(self, send: Send, exc: GatewayError) -> None:
         if self.ttft is None:
@@ -269,12 +291,9 @@ class _Relay:
         total = time.perf_counter() - self.started
         tpot = (total - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
         metrics.observe_latency(self.pool, self.ttft, total, tpot)
-        decision, features = self.decision, self.features
-        if decision.learning and self.pool == decision.pool:  # a retry elsewhere ran at a load nobody saw
-            self.state.learn(Observation(
-                self.pool, segment_of(features.task, features.copy), features.prompt_tokens, decision.load,
-                self.ttft, total, self.tokens, at_s=time.monotonic(),
-            ))  # fmt: skip
+        if self.decision.learning and self.pool == self.decision.pool:  # a retry ran at a load nobody saw
+            self.state.learn(self.features, self.decision, self.ttft, total, self.tokens, self.objective,
+                             counted=self.usage is not None, acceptance=self.acceptance)  # fmt: skip
 
 
 def _is_event_stream(headers: RawHeaders) -> bool:
@@ -291,6 +310,19 @@ def _usage_tokens(chunk: bytes) -> int | None:
     while end < len(digits) and 48 <= digits[end] <= 57:
         end += 1
     return int(digits[:end]) if end else None
+
+
+def _number_after(chunk: bytes, key: bytes) -> float | None:
+    """The JSON number after the last ``key`` in ``chunk`` (a byte search, no parse)."""
+    at = chunk.rfind(key) + len(key)
+    text = chunk[at : at + 24].lstrip()
+    end = 0
+    while end < len(text) and text[end] in b"0123456789.eE+-":
+        end += 1
+    try:
+        return float(text[:end])
+    except ValueError:
+        return None
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:

@@ -14,10 +14,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gateway.adaptive.learner import Learner, Observation
+from gateway.adaptive.model import LatencyModel, segment_of
+from gateway.adaptive.policy import is_warm
 from gateway.adaptive.shared import ModelSync
+from gateway.breaker import breaker_policy
 from gateway.config import Settings
+from gateway.decide import Decision
 from gateway.errors import UnknownModel
-from gateway.features import Classifier
+from gateway.features import Classifier, RequestFeatures
 from gateway.guard import Sweeper
 from gateway.health import HealthChecker
 from gateway.looplag import LoopLagMonitor
@@ -27,7 +31,7 @@ from gateway.qps import LocalQps
 from gateway.rules import RoutingRules, default_rules, load_rules
 from gateway.signals.engine_poller import ScrapeTarget
 from gateway.signals.hub import SignalHub
-from gateway.snapshot import Snapshot
+from gateway.snapshot import POOL_NAMES, Snapshot
 from gateway.upstream import Upstream, make_upstream
 
 log = logging.getLogger("specgate")
@@ -46,12 +50,13 @@ class GatewayState:
     def __init__(self, settings: Settings, registry: CollectorRegistry, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
-        self.pools = PoolSet(self.metrics, rng)
+        self.pools = PoolSet(self.metrics, rng, breaker_policy(settings))
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
         self.learner = Learner()
+        self.warm_after: int | None = None  # finished requests the model had taken in when it first decided
         self.ruleset = self._build_ruleset(self.read_rules())
         self.pool_models: frozenset[str] = frozenset()
         self.signals = SignalHub(
@@ -62,6 +67,7 @@ class GatewayState:
             ModelSync(self.learner, self.signals.store, settings.model_ttl_s) if settings.redis_url else None
         )
         self.health_rounds = 0
+        self.draining = False  # set on SIGTERM (gateway/shutdown.py): /ready answers 503
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- rules ---------------------------------------------------------------------------------------
@@ -90,8 +96,23 @@ class GatewayState:
         self.pool_models = frozenset(self.pools.models())
         snapshot = self.signals.build_snapshot(self.pools.pool_snapshots())
         if self.ruleset.rules.uses_fastest:
-            snapshot = dataclasses.replace(snapshot, model=self.learner.model(time.monotonic()))
+            now = time.monotonic()
+            model = self.learner.model(now)
+            snapshot = dataclasses.replace(snapshot, model=model)
+            self._export_model(snapshot, model, now)
         self.snapshot = snapshot
+
+    def _export_model(self, snapshot: Snapshot, model: LatencyModel, now: float) -> None:
+        metrics = self.metrics
+        warm = is_warm(snapshot, self.ruleset.rules.adaptive)
+        metrics.model_warm.set(1 if warm else 0)
+        if warm and self.warm_after is None:
+            self.warm_after = model.version
+        last = [p.last_observed_s for p in model.pools.values() if p.last_observed_s is not None]
+        if last:
+            metrics.model_age.set(now - max(last))
+        for pool in POOL_NAMES:
+            metrics.model_samples.labels(pool).set(model.samples(pool))
 
     def current_snapshot(self) -> Snapshot:
         """The snapshot for a decision now: with the learned model, this gateway's in-flight counts are
@@ -101,9 +122,38 @@ class GatewayState:
             return snapshot
         return snapshot.with_inflight(self.pools.inflight_counts())
 
-    def learn(self, observation: Observation) -> None:
-        """One finished request's outcome; folded in at once, seen by decisions from the next snapshot on."""
-        self.learner.observe(observation)
+    def learn(
+        self, features: RequestFeatures, decision: Decision, ttft: float, total: float, tokens: int, objective: str,
+        *, counted: bool = True, acceptance: float | None = None,
+    ) -> None:  # fmt: skip
+        """One finished request's outcome: folded into the learner at once (decisions see it from the next
+        snapshot on), and the prediction it was routed by checked against what happened.
+
+        ``counted`` is False when a stream carried no usage and ``tokens`` counts its events: vLLM sends one
+        event per engine step, and a speculative step emits the pool's mean acceptance length in tokens.
+        """
+        segment = segment_of(features.task, features.copy)
+        first = ttft if features.stream else None  # a whole reply's first byte is its last
+        if not counted:
+            per_event = (
+                acceptance
+                or self.learner.acceptance_length(decision.pool, segment)
+                or self.snapshot.pool(decision.pool).acceptance_length
+                or 1.0
+            )
+            tokens = round(1 + max(tokens - 1, 0) * per_event)
+        self.learner.observe(Observation(
+            decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
+            at_s=time.monotonic(),
+        ))  # fmt: skip
+        predicted = decision.predicted
+        if predicted is not None:
+            value = predicted.value(objective)
+            self.metrics.predicted.labels(decision.pool).observe(value)
+            observed = ttft if objective == "ttft" else total
+            self.metrics.prediction_ratio.labels(decision.pool).observe(observed / value)
+        if decision.explored:
+            self.metrics.explored.labels(decision.pool).inc()
 
     def _scrape_targets(self) -> list[ScrapeTarget]:
         return [ScrapeTarget(r.pool, r.url) for r in self.pools.replicas()]
@@ -115,6 +165,7 @@ class GatewayState:
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.snapshot_interval_s)
+            self.pools.tick_breakers()
             self.refresh_snapshot()
 
     # -- lifecycle -----------------------------------------------------------------------------------

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import random
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -25,7 +27,7 @@ from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.profiles import Profile
 from backends.emulator.runner import EngineRunner, Ticket
 from backends.emulator.text import style_for, token_text
-from backends.emulator.timing import Emission, Engine, EngineRequest, TimingModel
+from backends.emulator.timing import Engine, EngineRequest, TimingModel
 from backends.workloads.loader import Workload, WorkloadItem
 
 EMULATED_HEADER = "x-specgate-emulated"
@@ -58,6 +60,7 @@ class Job:
     rid: str
     created: int
     ticket: Ticket
+    spec_k: int = 0  # draft tokens per step on a speculative engine; 0 on a standard one
 
 
 class EmulatorCore:
@@ -98,7 +101,16 @@ class EmulatorCore:
         self.ensure_running()
         request, style = self._engine_request(parsed)
         rid = f"{'chatcmpl' if parsed.kind == io.CHAT else 'cmpl'}-{uuid.uuid4().hex}"
-        return Job(parsed, style, rid, int(time.time()), self.runner.submit(request))
+        k = self.engine.model.k if self.config.speculative else 0
+        return Job(parsed, style, rid, int(time.time()), self.runner.submit(request), k)
+
+    def drift(self, task: str, acceptance: float) -> int:
+        """From now on, serve the workload's ``task`` prompts at ``acceptance`` (a new draft model, a changed
+        prompt template): drift experiments for tests and demos. Returns how many prompts changed."""
+        changed = {key: dataclasses.replace(item, acceptance=acceptance)
+                   for key, item in self._truth.items() if item.task == task}  # fmt: skip
+        self._truth.update(changed)
+        return len(changed)
 
     def finish(self, job: Job) -> None:
         """Release a job: a no-op when it completed, an abort when the client went away."""
@@ -158,14 +170,25 @@ class EmulatorCore:
 
 async def full_body(job: Job) -> bytes | None:
     """The whole response once the request finished; ``None`` when it was aborted."""
-    emissions: list[Emission] = []
+    accepted: list[int] = []
     while (emission := await job.ticket.queue.get()) is not None:
-        emissions.append(emission)
+        if emission.drafted:
+            accepted.append(emission.accepted)
         if emission.finished:
             request = job.ticket.request
             text = token_text(job.style, 0, request.generated)
-            return io.full_response(job.parsed, job.rid, job.created, text, request.finish_reason, request.generated)
+            metrics = _metrics(job, accepted)
+            return io.full_response(
+                job.parsed, job.rid, job.created, text, request.finish_reason, request.generated, metrics
+            )
     return None
+
+
+def _metrics(job: Job, accepted: list[int]) -> dict[str, Any] | None:
+    """Per-request speculative metrics, as vLLM reports them with ``--per-request-spec-decode-metrics``
+    (which the shipped speculative manifests turn on); None on a standard engine."""
+    k = job.spec_k
+    return io.spec_decode_metrics(k, accepted) if k else None
 
 
 async def stream_events(job: Job) -> AsyncIterator[bytes]:
@@ -173,7 +196,10 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
     parsed, produced, ticket = job.parsed, 0, job.ticket
     if parsed.kind == io.CHAT:
         yield io.stream_chunk(parsed, job.rid, job.created, None, None, role=True)
+    accepted: list[int] = []
     while (emission := await ticket.queue.get()) is not None:
+        if emission.drafted:
+            accepted.append(emission.accepted)
         text = token_text(job.style, produced, emission.tokens)
         produced += emission.tokens
         finish = ticket.request.finish_reason if emission.finished else None
@@ -181,5 +207,5 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
         if emission.finished:
             break
     if emission is not None and parsed.include_usage:
-        yield io.usage_chunk(parsed, job.rid, job.created, produced)
+        yield io.usage_chunk(parsed, job.rid, job.created, produced, _metrics(job, accepted))
     yield io.DONE

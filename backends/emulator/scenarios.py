@@ -18,11 +18,12 @@ from backends.emulator.profiles import Profile
 from backends.emulator.simulate import Arrival, PolicySet, RequestResult, after_warmup, run_policies
 from backends.emulator.timing import TimingModel
 from backends.workloads.loader import Workload, WorkloadItem
-from gateway.features import Classifier, extract_features
+from gateway.features import Classifier, RequestFeatures, extract_features
 from gateway.rules import RoutingRules
 
 STEADY, RAMP, MIX_SHIFT, DRIFT = "steady", "ramp", "mix-shift", "drift"
 SCENARIOS = (STEADY, RAMP, MIX_SHIFT, DRIFT)
+STREAM_SHARE = 0.5  # of simulated requests that stream
 DRIFT_ACCEPTANCE = 0.3  # what the drifting task's acceptance collapses to (from ~0.8)
 LOAD_SHARES = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.25, 1.5, 1.75, 2.0)
 
@@ -107,7 +108,7 @@ def make_scenario_arrivals(workload: Workload, scenario: Scenario, seed: int, ru
         if rng.random() * scenario.peak_rate > scenario.rate(now):
             continue
         item = _pick(rng, workload, by_task, scenario.mix(now) if scenario.mix else None)
-        features = extract_features(item.request_body("emulated"), "chat", {}, rules, classifier, draw=rng.random())
+        features = _features(item, rng, rules, classifier)
         acceptance = item.acceptance
         if item.task == scenario.drift_task and now >= scenario.drift_at_s:
             acceptance = DRIFT_ACCEPTANCE
@@ -124,6 +125,13 @@ def _pick(
     return rng.choice(by_task[task])
 
 
+def _features(item: WorkloadItem, rng: random.Random, rules: RoutingRules, classifier: Classifier) -> RequestFeatures:
+    """The gateway's features of one request. Half the requests stream (a chat UI), half do not (API calls):
+    for those the gateway learns only the whole reply's time, as it would in a deployment."""
+    body = item.request_body("emulated", stream=rng.random() < STREAM_SHARE)
+    return extract_features(body, "chat", {}, rules, classifier, draw=rng.random())
+
+
 def make_arrivals(workload: Workload, qps: float, count: int, seed: int, rules: RoutingRules) -> list[Arrival]:
     """``count`` Poisson arrivals at ``qps``, prompts drawn uniformly from the workload."""
     rng = random.Random(f"{seed}:{qps}")
@@ -132,7 +140,7 @@ def make_arrivals(workload: Workload, qps: float, count: int, seed: int, rules: 
     for index in range(count):
         now += rng.expovariate(qps)
         item = rng.choice(workload.items)
-        features = extract_features(item.request_body("emulated"), "chat", {}, rules, classifier, draw=rng.random())
+        features = _features(item, rng, rules, classifier)
         arrivals.append(Arrival(index, now, item, features, item.acceptance))
     return arrivals
 

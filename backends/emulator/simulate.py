@@ -267,9 +267,10 @@ class Simulation:
         if self.learner is not None:
             features = arrival.features
             acceptance = progress.drafted_tokens / progress.drafted_steps if progress.drafted_steps else None
+            seen_ttft = result.ttft_s if features.stream else None  # a whole reply shows only its end
             self.learner.observe(Observation(
                 result.pool, segment_of(features.task, features.copy), features.prompt_tokens, progress.load,
-                result.ttft_s, result.latency_s, result.output_tokens, acceptance, finished_s,
+                seen_ttft, result.latency_s, result.output_tokens, acceptance, finished_s,
             ))  # fmt: skip
         return result
 

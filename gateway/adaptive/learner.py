@@ -42,7 +42,7 @@ class Observation:
     segment: str
     prompt_tokens: int
     load: float  # the pool's load as the decision saw it
-    ttft_s: float
+    ttft_s: float | None  # time to the first token; None when unknown (a non-streamed reply comes whole)
     total_s: float
     output_tokens: int
     acceptance_length: float | None = None  # vLLM's per-request mean acceptance length (speculative pool)
@@ -152,24 +152,28 @@ class Learner:
         self.cap = 1.0 / learning_rate  # a weight never exceeds what the forgetting keeps
 
     def observe(self, obs: Observation) -> None:
-        if obs.total_s <= 0 or obs.ttft_s <= 0:
+        if obs.total_s <= 0 or (obs.ttft_s is not None and obs.ttft_s <= 0):
             return
         state = self._pools.setdefault(obs.pool, _PoolState())
         floor, cap = self.floor, self.cap
         ttft_offset = state.ttft_offsets.setdefault(prompt_bin(obs.prompt_tokens), _Cell())
-        error = _fit(state.ttft, ttft_offset, obs.load, math.log(obs.ttft_s), floor, cap)
-        state.ttft_var += floor * (error * error - state.ttft_var)
-        if obs.output_tokens >= 2 and obs.total_s > obs.ttft_s:
-            self._observe_tpot(state, obs)
+        ttft = obs.ttft_s
+        if ttft is not None:
+            error = _fit(state.ttft, ttft_offset, obs.load, math.log(ttft), floor, cap)
+            state.ttft_var += floor * (error * error - state.ttft_var)
+        else:  # a whole reply: take the first token's share from what the streams taught (none: nothing)
+            ttft = _known_ttft(state, ttft_offset, obs.load, obs.total_s)
+        if obs.output_tokens >= 2 and obs.total_s > ttft:
+            self._observe_tpot(state, obs, ttft)
         self._remember_length(obs.segment, obs.output_tokens)
         state.samples = min(state.samples + 1.0, cap * 4)
         state.last_observed_s = obs.at_s
         self.observations += 1
         self._frozen = None
 
-    def _observe_tpot(self, state: _PoolState, obs: Observation) -> None:
+    def _observe_tpot(self, state: _PoolState, obs: Observation, ttft: float) -> None:
         floor, cap = self.floor, self.cap
-        target = math.log((obs.total_s - obs.ttft_s) / (obs.output_tokens - 1))
+        target = math.log((obs.total_s - ttft) / (obs.output_tokens - 1))
         offset = state.tpot_offsets.setdefault(obs.segment, _Cell())
         if obs.acceptance_length is not None and obs.acceptance_length >= 1.0:
             log_a = math.log(obs.acceptance_length)
@@ -177,10 +181,16 @@ class Learner:
             state.acceptance.setdefault(obs.segment, _Cell()).step(obs.acceptance_length, 1.0, floor, cap)
             offset.step(state.mean_log_acceptance.value - log_a, 1.0, floor, cap)
             # the step time at this load for a request of the pool's mean acceptance
-            error = state.tpot.step(obs.load, target - offset.value, floor, cap)
+            error = state.tpot.step(obs.load, target - offset.value * _shrink(offset), floor, cap)
         else:
             error = _fit(state.tpot, offset, obs.load, target, floor, cap)
         state.tpot_var += floor * (error * error - state.tpot_var)
+
+    def acceptance_length(self, pool: str, segment: str) -> float | None:
+        """The mean acceptance length learned for a segment on a pool (from vLLM's per-request metrics)."""
+        state = self._pools.get(pool)
+        cell = state.acceptance.get(segment) if state is not None else None
+        return cell.value if cell is not None and cell.weight >= 3 else None
 
     def _remember_length(self, segment: str, tokens: int) -> None:
         if tokens <= 0:
@@ -287,13 +297,21 @@ def _fit(curve: _CurveState, offset: _Cell, load: float, target: float, floor: f
     return error
 
 
+def _known_ttft(state: _PoolState, offset: _Cell, load: float, total_s: float) -> float:
+    """The predicted first-token time at ``load`` (capped at half the total), or 0 with no stream seen yet."""
+    if not any(w > 0 for w in state.ttft.weights):
+        return 0.0
+    predicted = math.exp(state.ttft.predict(load, state.ttft.filled()) + offset.value * _shrink(offset))
+    return min(predicted, total_s / 2)
+
+
 def _blend(local: float, local_w: float, remote: float, remote_w: float) -> tuple[float, float]:
     total = local_w + remote_w
     return (local * local_w + remote * remote_w) / total, max(local_w, remote_w)
 
 
 def _shrink(cell: _Cell) -> float:
-    return cell.weight / (cell.weight + SHRINK)
+    return min(1.0, cell.weight / SHRINK)  # as Offset.shrunk
 
 
 def _quantiles(window: Iterable[int], count: int = 20) -> list[int]:

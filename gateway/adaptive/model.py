@@ -23,7 +23,7 @@ from types import MappingProxyType
 
 NODES = 12  # load grid: 2**i - 1 for i in 0..11
 PROMPT_BINS = (128, 512, 2048)  # prompt-token edges: bins 0..3
-SHRINK = 4.0  # an offset with weight w counts w / (w + SHRINK) of its value
+SHRINK = 4.0  # an offset with weight w counts min(1, w / SHRINK) of its value: a few samples move it a little
 Z = 1.64  # interval half-width in log-sigmas (~90 %)
 
 
@@ -64,7 +64,7 @@ class Offset:
 
     @property
     def shrunk(self) -> float:
-        return self.value * self.weight / (self.weight + SHRINK)
+        return self.value * min(1.0, self.weight / SHRINK)
 
 
 _NO_OFFSET = Offset(0.0, 0.0)
@@ -166,11 +166,13 @@ class LatencyModel:
         tokens, token_samples = self.expected_tokens(segment, max_tokens)
         ttft_log, ttft_w = found.ttft.at(load)
         ttft_log += found.ttft_offsets.get(prompt_bin(prompt_tokens), _NO_OFFSET).shrunk
+        if not any(found.ttft.weights):  # no stream seen: the whole time is in the per-token part
+            ttft_log = -math.inf
         tpot_log, tpot_w = found.tpot.at(load)
         seg = found.tpot_offsets.get(segment, _NO_OFFSET)
         tpot_log += seg.shrunk
-        ttft, tpot = math.exp(ttft_log), math.exp(tpot_log)
-        e2e = ttft + max(tokens - 1.0, 0.0) * tpot
+        ttft, tpot = (math.exp(ttft_log) if ttft_log > -math.inf else 0.0), math.exp(tpot_log)
+        e2e = ttft + max(tokens - 1.0, 1.0) * tpot
         # The others on the pool each run about `tokens` steps slower by the step's growth with one more request.
         next_log, _ = found.tpot.at(load + 1.0)
         added = max(math.exp(next_log + seg.shrunk) - tpot, 0.0) * tokens * load * externality
@@ -189,6 +191,6 @@ class LatencyModel:
             load=load,
             low_s=value * math.exp(-Z * sigma),
             high_s=value * math.exp(Z * sigma),
-            samples=min(weight, token_samples + SHRINK) if objective != "ttft" else weight,
+            samples=min(tpot_w, seg.weight, token_samples) if objective != "ttft" else ttft_w,
             cost_s=value + (added if objective != "ttft" else 0.0),
         )

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -17,13 +19,16 @@ from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.adaptive.policy import is_warm
 from gateway.adaptive.shared import ModelSync
+from gateway.auth import Access, upstream_headers
 from gateway.breaker import breaker_policy
 from gateway.config import Settings
 from gateway.decide import Decision
-from gateway.errors import UnknownModel
+from gateway.errors import MissingExtra, UnknownModel
 from gateway.features import Classifier, RequestFeatures
 from gateway.guard import Sweeper
 from gateway.health import HealthChecker
+from gateway.limits import Limiter
+from gateway.logs import RequestIds, RequestLog
 from gateway.looplag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet
@@ -33,6 +38,9 @@ from gateway.signals.engine_poller import ScrapeTarget
 from gateway.signals.hub import SignalHub
 from gateway.snapshot import POOL_NAMES, Snapshot
 from gateway.upstream import Upstream, make_upstream
+
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTracer
 
 log = logging.getLogger("specgate")
 
@@ -53,6 +61,8 @@ class GatewayState:
         self.pools = PoolSet(self.metrics, rng, breaker_policy(settings))
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
+        self.upstream_auth = upstream_headers(settings)  # per pool: the Authorization sent to its replicas
+        self.access = Access(settings, Limiter(owner=f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"))
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
         self.learner = Learner()
@@ -69,6 +79,12 @@ class GatewayState:
         self.health_rounds = 0
         self.draining = False  # set on SIGTERM (gateway/shutdown.py): /ready answers 503
         self._tasks: list[asyncio.Task[None]] = []
+        # Observability hooks of the relay; None (no per-request work) unless switched on.
+        self.request_ids = RequestIds()
+        self.request_log = RequestLog() if settings.log_format == "json" else None
+        self.tracer: RequestTracer | None = None
+        if settings.tracing == "otel":
+            self.tracer = _otel_tracer()
 
     # -- rules ---------------------------------------------------------------------------------------
     def read_rules(self) -> RoutingRules:
@@ -181,6 +197,10 @@ class GatewayState:
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")
         self.add_task(self.sweeper.run(), "deadlines")
+        self.access.announce()
+        if self.settings.redis_url:
+            interval = self.settings.redis_sync_interval_s
+            self.add_task(self.access.limiter.run(self.signals.store, interval), "limits-sync")
         self.add_task(LoopLagMonitor(self.metrics.loop_lag).run(), "loop-lag")
         if self.model_sync is not None:
             self.add_task(self._model_sync_loop(self.model_sync), "model-sync")
@@ -198,3 +218,13 @@ class GatewayState:
         self._tasks.clear()
         await self.signals.stop()
         await self.upstream.close()
+        if self.tracer is not None:
+            await self.tracer.shutdown()
+
+
+def _otel_tracer() -> RequestTracer:
+    try:
+        from gateway.tracing import RequestTracer  # imported only when tracing is on
+    except ImportError as exc:
+        raise MissingExtra(f"SPECGATE_TRACING=otel needs OpenTelemetry: pip install 'specgate[otel]' ({exc})") from exc
+    return RequestTracer()

@@ -18,6 +18,7 @@ replica that still answers.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import orjson
@@ -37,15 +38,23 @@ class FakeUpstream:
         self.events_sent = 0  # stream events written, over all streams
         self.last_body: dict[str, Any] | None = None
         self.last_headers: dict[str, str] = {}
+        # (method, raw path, Host) of the latest requests, health checks too; bounded for long-running use
+        self.seen: deque[tuple[str, str, str]] = deque(maxlen=10_000)
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._record])
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/fake/delay", self._set_delay)
         return app
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.seen.append((request.method, request.raw_path, request.headers.get("Host", "")))
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def _set_delay(self, request: web.Request) -> web.Response:
         self.base_delay = float(request.query.get("s", "0"))
@@ -84,7 +93,8 @@ class FakeUpstream:
             error = {"error": {"message": f"fake upstream: {exc}", "type": "BadRequestError", "code": 400}}
             return web.Response(status=400, body=orjson.dumps(error), content_type="application/json")
         if not body.get("stream"):
-            return web.Response(body=self._completion(body, count), content_type="application/json")
+            extra = orjson.loads(h.get("x-fake-response-headers", "{}"))  # e.g. hop-by-hop ones, for tests
+            return web.Response(body=self._completion(body, count), content_type="application/json", headers=extra)
         return await self._stream(request, body, count, interval, h.get("x-fake-stall-after"))
 
     def _completion(self, body: dict[str, Any], count: int) -> bytes:

@@ -85,11 +85,21 @@ STARTUP_TIMEOUT_S = 90.0  # generous: a loaded 2-core machine can take long to s
 TARGETS = (
     "direct", "minimal-aiohttp-proxy", "specgate", "specgate/aiohttp", "specgate/httpx", "specgate/httpx-aiohttp"
 )  # fmt: skip
+# On request only (--targets): the default gateway with JSON request logs (to /dev/null), or with OpenTelemetry
+# tracing on (spans exported over OTLP/HTTP to the fake upstream's /v1/traces, which discards them).
+# "specgate/keys": the default gateway with an API key that has every per-key limit (high enough never to refuse),
+# so the difference to "specgate" is what authentication and limits cost. Every target gets the same header.
+EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys")
+BENCH_KEY = "sk-bench-overhead"
+BENCH_KEYS = f"keys: [{{name: bench, key: {BENCH_KEY}, rpm: 1000000000, tpm: 1000000000, concurrency: 100000}}]"
 
 
 @contextmanager
-def process(args: list[str], cpu: set[int] | None) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def process(
+    args: list[str], cpu: set[int] | None, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    child_env = {**os.environ, **env} if env else None
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env)
     try:
         if cpu:
             os.sched_setaffinity(proc.pid, cpu)
@@ -108,9 +118,20 @@ def proxy_command(target: str, port: int, upstream: str) -> list[str]:
     if target == "minimal-aiohttp-proxy":
         return [py, "-m", "gateway.bench.minimal_proxy", "--port", str(port), "--upstream", upstream]
     client = {"specgate": "auto", "specgate/aiohttp": "aiohttp", "specgate/httpx": "httpx",
-              "specgate/httpx-aiohttp": "httpx-aiohttp"}[target]  # fmt: skip
+              "specgate/httpx-aiohttp": "httpx-aiohttp", "specgate+json-logs": "auto",
+              "specgate+otel": "auto", "specgate/keys": "auto"}[target]  # fmt: skip
+    extra = ["--log-format", "json"] if target == "specgate+json-logs" else []
     return [py, "-m", "gateway.cli", "serve", "--standard", upstream, "--speculative", upstream,
-            "--port", str(port), "--upstream-client", client]  # fmt: skip
+            "--port", str(port), "--upstream-client", client, *extra]  # fmt: skip
+
+
+def proxy_env(target: str, upstream: str) -> dict[str, str]:
+    if target == "specgate/keys":
+        return {"SPECGATE_KEYS": BENCH_KEYS}
+    if target != "specgate+otel":
+        return {}
+    return {"SPECGATE_TRACING": "otel", "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{upstream}/v1/traces"}  # fmt: skip
 
 
 async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
@@ -119,8 +140,8 @@ async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
         {"model": "fake-model", "stream": scenario.stream, "max_tokens": scenario.chunks,
          "messages": [{"role": "user", "content": "Tell me about the sea."}]}
     )  # fmt: skip
-    headers = {"content-type": "application/json", "x-fake-chunks": str(scenario.chunks),
-               "x-fake-interval": str(scenario.interval_s)}  # fmt: skip
+    headers = {"content-type": "application/json", "authorization": f"Bearer {BENCH_KEY}",
+               "x-fake-chunks": str(scenario.chunks), "x-fake-interval": str(scenario.interval_s)}  # fmt: skip
     request = client.request("/v1/chat/completions", body, headers)
     # Paced streams all end on a tick of the upstream's shared clock: without a stagger and a random pause the
     # workers would send their next requests in lockstep, at the very moment a proxy relays a tick's events.
@@ -189,7 +210,7 @@ def _run_targets(
                 console.print(f"  measured {target}")
                 continue
             port = free_port()
-            with process(proxy_command(target, port, upstream), proxy_cpu) as proc:
+            with process(proxy_command(target, port, upstream), proxy_cpu, proxy_env(target, upstream)) as proc:
                 wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
                 meter = CpuMeter(layout, upstream_proc.pid, proc.pid)
                 results += [measure(target, f"http://127.0.0.1:{port}", meter, s) for s in plan]

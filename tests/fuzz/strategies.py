@@ -67,10 +67,23 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "tools": any_json,
 }
 
-# OpenAI-shaped bodies: a subset of the known fields (each mostly well-typed) plus a few unknown keys.
+good_messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(ROLES[:4]), "content": st.one_of(st.text(max_size=200), parts)},
+    ),
+    min_size=1,
+    max_size=4,
+)
+REQUIRED = {  # present in every OpenAI-shaped body, mostly well-formed: so many bodies reach the upstream
+    "model": st.one_of(st.just("fake-model"), st.just("fake-model"), FIELDS["model"]),
+    "messages": st.one_of(good_messages, good_messages, FIELDS["messages"]),
+    "prompt": st.one_of(st.text(max_size=200), st.text(max_size=200), FIELDS["prompt"]),
+}
+
+# OpenAI-shaped bodies: the required fields, a subset of the others (each mostly well-typed), unknown keys.
 openai_bodies: st.SearchStrategy[dict[str, Any]] = st.builds(
     lambda known, extra: {**extra, **known},
-    st.fixed_dictionaries({}, optional=FIELDS),
+    st.fixed_dictionaries(REQUIRED, optional={k: v for k, v in FIELDS.items() if k not in REQUIRED}),
     st.dictionaries(st.text(max_size=12), any_json, max_size=3),
 )
 

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from gateway import admin
@@ -24,7 +25,7 @@ from gateway.adaptive.policy import is_warm, predictions
 from gateway.adaptive.views import model_view, prediction_view
 from gateway.auth import require_admin, require_key
 from gateway.config import Settings
-from gateway.errors import BodyTooLarge, GatewayError
+from gateway.errors import BodyTooLarge, GatewayError, error_body
 from gateway.pools import replica_states
 from gateway.proxy import ProxyRoute, parse_json_object
 from gateway.reload import RulesWatcher
@@ -81,6 +82,12 @@ def create_app(
     async def _gateway_error(_: Request, exc: GatewayError) -> Response:
         headers = {k.decode(): v.decode() for k, v in exc.headers}
         return Response(exc.to_json(), status_code=exc.status_code, media_type="application/json", headers=headers)
+
+    @api.exception_handler(HTTPException)  # unknown paths and methods: OpenAI's shape, not FastAPI's "detail"
+    async def _http_error(_: Request, exc: HTTPException) -> Response:
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = error_body(str(exc.detail), kind)
+        return Response(body, status_code=exc.status_code, media_type="application/json", headers=exc.headers)
 
     @api.get("/health")
     async def health() -> dict[str, str]:

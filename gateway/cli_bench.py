@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from gateway import cli_bench_compare, cli_bench_vllm
@@ -22,6 +23,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     overhead.add_argument("--scale", type=float, default=1.0, help="multiply request counts (0.1 for a quick run)")
     overhead.add_argument("--json", type=Path, help="also write the results as JSON")
     overhead.set_defaults(func=run_overhead)
+    soak = bench_sub.add_parser("soak", help="N paced streams for minutes through specgate serve: RSS, fds, loop lag")
+    soak.add_argument("--streams", type=int, default=1000, help="concurrent paced streams (default 1000)")
+    soak.add_argument("--duration", type=float, default=600.0, help="seconds through the gateway (default 600)")
+    soak.add_argument("--direct", type=float, default=120.0, help="seconds of the same load direct (default 120)")
+    soak.add_argument("--chunks", type=int, default=64, help="events per stream (default 64)")
+    soak.add_argument("--pace", type=float, default=0.05, help="seconds between a stream's events (default 0.05)")
+    soak.add_argument("--sample", type=float, default=5.0, help="seconds between samples (default 5)")
+    soak.add_argument("--warmup", type=float, default=60.0, help="RSS growth counts from here (default 60 s)")
+    soak.add_argument("--plot", type=Path, default=Path("soak.png"), help="where to save the plot")
+    soak.add_argument("--json", type=Path, help="also write the samples and results as JSON")
+    soak.set_defaults(func=run_soak)
     cli_bench_compare.register(bench_sub)
     cli_bench_vllm.register(bench_sub)
     signals = bench_sub.add_parser(
@@ -106,3 +118,27 @@ def run_route(args: argparse.Namespace) -> int:
     if args.json:
         route.write_json(args.json, result)
     return 1 if result.errors() else 0
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from gateway.bench import soak, soak_report
+
+    config = soak.SoakConfig(
+        streams=args.streams, duration_s=args.duration, direct_s=args.direct, chunks=args.chunks,
+        pace_s=args.pace, sample_s=args.sample, warmup_s=args.warmup,
+    )  # fmt: skip
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)  # samples show as they come, also into a log file
+    console = Console(width=160)
+    console.print(f"[bold]specgate bench soak[/]: {config.streams} streams, {config.chunks} events x "
+                  f"{config.pace_s * 1e3:.0f} ms, {config.duration_s:.0f} s through specgate, "
+                  f"{config.direct_s:.0f} s direct")  # fmt: skip
+    result = soak.run(config, console)
+    soak_report.render(result, console)
+    soak_report.plot(result, args.plot)
+    console.print(f"plot: {args.plot}")
+    if args.json is not None:
+        soak.write_json(result, args.json)
+    return 1 if result.errors else 0

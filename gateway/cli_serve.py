@@ -15,8 +15,8 @@ from gateway import __version__, cli_rules_suggest
 from gateway.app import SpecgateApp, create_app
 from gateway.auth import KeysError
 from gateway.config import Settings
-from gateway.direct import DirectBodyProtocol
 from gateway.errors import MissingExtra, RulesError
+from gateway.intake import intake_protocol
 from gateway.logs import configure_logging
 from gateway.rules import load_rules
 from gateway.shutdown import serve
@@ -95,7 +95,9 @@ def run_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=DirectBodyProtocol,  # uvicorn's httptools protocol plus the relay's direct-write extension
+        # uvicorn's httptools protocol plus the relay's direct-write extension and limits on request heads and
+        # read time (gateway/intake.py)
+        http=intake_protocol(settings.client_max_head_bytes, settings.client_read_timeout_s),
         log_level=settings.log_level,
         log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,  # json: via the root
         access_log=False,

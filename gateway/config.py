@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     port: int = Field(default=8080, ge=0, le=65535)
 
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    client_max_head_bytes: int = Field(default=64 * 1024, ge=1024)  # request line + headers; past it: 431
+    client_read_timeout_s: float = Field(default=60.0, gt=0)  # connection open/first byte to last body byte: 408
     connect_timeout_s: float = Field(default=5.0, gt=0)
     first_byte_timeout_s: float = Field(default=600.0, gt=0)  # until the response headers / first stream chunk
     idle_timeout_s: float = Field(default=120.0, gt=0)  # between two stream chunks

@@ -15,7 +15,10 @@ from typing import Any
 from gateway.errors import InvalidRequest
 from gateway.rules import RoutingRules
 
-_CACHE_LIMIT = 4096
+# System prompts cached per Classifier. Keys are the first ``classify_chars`` characters (all that
+# classification reads), so a flood of distinct, huge system prompts holds at most
+# _CACHE_LIMIT * classify_chars characters; the cache is emptied when full.
+_CACHE_LIMIT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,8 @@ class Classifier:
     """Task type from the system prompt, then the last user message, using the rules file's cues.
 
     The task with the most matching cues wins; ties go to the order in the file. Results for system
-    prompts are cached (they repeat across requests); user prompts are not.
+    prompts are cached (they repeat across requests; keyed by the prefix classification reads, capped at
+    ``_CACHE_LIMIT`` entries); user prompts are not.
     """
 
     def __init__(self, rules: RoutingRules) -> None:
@@ -53,12 +57,13 @@ class Classifier:
 
     def classify(self, system: str | None, user: str | None) -> str:
         if system:
-            task = self._system_cache.get(system)
-            if task is None and system not in self._system_cache:
-                task = self._match(system)
+            key = system[: self._chars]  # all _match reads; never the whole (up to max_body_bytes) prompt
+            task = self._system_cache.get(key)
+            if task is None and key not in self._system_cache:
+                task = self._match(key)
                 if len(self._system_cache) >= _CACHE_LIMIT:
                     self._system_cache.clear()
-                self._system_cache[system] = task
+                self._system_cache[key] = task
             if task is not None:
                 return task
         if user:
@@ -247,4 +252,7 @@ def _temperature(body: Mapping[str, Any]) -> float | None:
         return None
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
         raise InvalidRequest("'temperature' must be a non-negative number", param="temperature")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past a double's range (orjson reads those as floats; other parsers don't)
+        raise InvalidRequest("'temperature' is out of range", param="temperature") from None

@@ -123,6 +123,11 @@ class GatewayMetrics:
             "specgate_model_age_seconds", "Seconds since the learned model last took in a finished request.",
             registry=registry,
         )  # fmt: skip
+        self.loop_lag = Gauge(
+            "specgate_event_loop_lag_seconds",
+            "Largest event-loop lag (a timer's lateness) over the last 5 s window.",
+            registry=registry,
+        )
         self.rule_reloads.labels("ok")
         self.rule_reloads.labels("rejected")
         # Children the hot path uses, looked up once instead of per request.

@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 from aiohttp import web
 
-from gateway.direct import DirectBodyProtocol
+from gateway.intake import IntakeProtocol
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -27,8 +27,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class ThreadServer:
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, startup_timeout_s: float = 20.0) -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        startup_timeout_s: float = 20.0,
+        protocol: type[IntakeProtocol] = IntakeProtocol,
+    ) -> None:
         self.app = app
+        self.protocol = protocol
         self.host = host
         # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when the listening
         # socket's proto is IPPROTO_TCP; with proto 0, Nagle + delayed ACK add ~40 ms to every response.
@@ -97,7 +105,7 @@ class ThreadServer:
     async def _serve_asgi(self) -> None:
         assert self._stop is not None
         config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="on", http=DirectBodyProtocol
+            self.app, log_level="warning", access_log=False, lifespan="on", http=self.protocol
         )  # what `specgate serve` runs
         server = uvicorn.Server(config)
         serving = asyncio.create_task(server.serve(sockets=[self._sock]))

@@ -29,6 +29,7 @@ from gateway.guard import Sweeper
 from gateway.health import HealthChecker
 from gateway.limits import Limiter
 from gateway.logs import RequestIds, RequestLog
+from gateway.looplag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet
 from gateway.qps import LocalQps
@@ -200,6 +201,7 @@ class GatewayState:
         if self.settings.redis_url:
             interval = self.settings.redis_sync_interval_s
             self.add_task(self.access.limiter.run(self.signals.store, interval), "limits-sync")
+        self.add_task(LoopLagMonitor(self.metrics.loop_lag).run(), "loop-lag")
         if self.model_sync is not None:
             self.add_task(self._model_sync_loop(self.model_sync), "model-sync")
 

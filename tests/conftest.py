@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from gateway.app import SpecgateApp, create_app
 from gateway.bench.fake_upstream import FakeUpstream
 from gateway.config import Settings
+from gateway.intake import intake_protocol
 from gateway.rules import reference_rules_path
 from gateway.servers import ThreadServer, free_port
 
@@ -84,8 +85,10 @@ def gateway(upstreams: Upstreams) -> Iterator[Callable[..., Gateway]]:
             values.update(rules_file=reference_rules_path(), reload_rules=False)
         values.update(overrides)
         registry = CollectorRegistry()
-        app = create_app(Settings(_env_file=None, **values), registry)  # type: ignore[call-arg]
-        server = ThreadServer(app).start()
+        settings = Settings(_env_file=None, **values)  # type: ignore[call-arg]
+        app = create_app(settings, registry)
+        protocol = intake_protocol(settings.client_max_head_bytes, settings.client_read_timeout_s)  # as `serve`
+        server = ThreadServer(app, protocol=protocol).start()
         servers.append((server, app))
         wait_for(lambda: app.state.health_rounds > 0, what="first health check")
         return Gateway(server.url, app, registry)

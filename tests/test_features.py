@@ -141,3 +141,10 @@ def test_lowercase_patterns_match_as_with_ignorecase(text: str) -> None:
 def test_patterns_with_capitals_keep_the_flag() -> None:
     pattern, on_lowered = compile_cue_pattern(r"\bSELECT\S+")
     assert not on_lowered and pattern.flags & re.I
+
+
+@pytest.mark.parametrize("value", [10**400, 2**1024])
+def test_temperature_past_a_double_is_an_invalid_request(value: int) -> None:
+    """Found by tests/fuzz: float() of such an integer raised OverflowError (a 500), not a 400."""
+    with pytest.raises(InvalidRequest, match="temperature"):
+        features(chat("hi", temperature=value))

@@ -252,3 +252,13 @@ def test_other_upstream_clients_relay_the_same(gateway: StartGateway, upstreams:
             lines = [line for line in s.iter_lines() if line]
         assert len(lines) == 5 and lines[-1] == "data: [DONE]"
         assert http.post("/v1/chat/completions", json=chat("x"), headers={"x-fake-status": "422"}).status_code == 422
+
+
+def test_unknown_paths_and_methods_get_openai_errors(gateway: StartGateway) -> None:
+    """Found by tests/fuzz: FastAPI answered {"detail": "Not Found"}, not OpenAI's error shape."""
+    gw = gateway()
+    with httpx.Client(base_url=gw.url) as client:
+        for response, status in ((client.get("/v1/nothing"), 404), (client.delete("/health"), 405)):
+            assert response.status_code == status
+            error = response.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"

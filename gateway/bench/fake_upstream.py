@@ -84,11 +84,18 @@ class FakeUpstream:
         if status != 200:
             error = {"error": {"message": f"fake upstream error {status}", "type": "BadRequestError", "code": status}}
             return web.Response(status=status, body=orjson.dumps(error), content_type="application/json")
-        count = int(h.get("x-fake-chunks", body.get("max_tokens") or 16))
+        try:  # what vLLM's request validation would refuse with a 400 (the gateway relays bodies as they are)
+            count = int(h.get("x-fake-chunks", body.get("max_tokens") or 16))
+            interval = float(h.get("x-fake-interval", 0))
+            if not isinstance(body.get("stream_options") or {}, dict) or not 0 <= count <= 100_000:
+                raise ValueError("stream_options must be an object, the token count 0..100000")
+        except (TypeError, ValueError) as exc:
+            error = {"error": {"message": f"fake upstream: {exc}", "type": "BadRequestError", "code": 400}}
+            return web.Response(status=400, body=orjson.dumps(error), content_type="application/json")
         if not body.get("stream"):
             extra = orjson.loads(h.get("x-fake-response-headers", "{}"))  # e.g. hop-by-hop ones, for tests
             return web.Response(body=self._completion(body, count), content_type="application/json", headers=extra)
-        return await self._stream(request, body, count, float(h.get("x-fake-interval", 0)), h.get("x-fake-stall-after"))
+        return await self._stream(request, body, count, interval, h.get("x-fake-stall-after"))
 
     def _completion(self, body: dict[str, Any], count: int) -> bytes:
         return orjson.dumps(shapes.completion(self.model, "messages" in body, count, self.name))

@@ -135,6 +135,32 @@ class LeanClient:
         result.wall_s = time.perf_counter() - started
         return result
 
+    async def run_for(
+        self,
+        request: bytes,
+        duration_s: float,
+        concurrency: int,
+        result: Measurement,
+        stagger_s: float = 0.0,
+        think_s: float = 0.0,
+    ) -> None:
+        """Like :meth:`run`, but each worker sends until ``duration_s`` has passed (no new request after it);
+        ``result`` fills in as requests end, so a sampler can read it during the run."""
+        pauses = random.Random(concurrency)  # seeded: runs are repeatable
+        started = time.perf_counter()
+        end = started + duration_s
+
+        async def worker(index: int) -> None:
+            if stagger_s:
+                await asyncio.sleep(stagger_s * index / concurrency)
+            while time.perf_counter() < end:
+                await self._exchange(index, request, result)
+                if think_s:
+                    await asyncio.sleep(pauses.uniform(0, think_s))
+
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        result.wall_s = time.perf_counter() - started
+
     async def _exchange(self, index: int, request: bytes, result: Measurement) -> None:
         try:
             conn = await self._connection(index)

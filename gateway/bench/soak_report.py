@@ -1,0 +1,123 @@
+"""The soak's table, verdicts and plot (``specgate bench soak``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from gateway.bench.soak import RATIO_TARGET, RSS_TARGET, Phase, Sample, SoakResult
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+MAX_ROWS = 24
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def samples_table(result: SoakResult) -> Table:
+    samples = result.gateway.samples
+    step = max(1, -(-len(samples) // MAX_ROWS))
+    shown = samples[::step] + ([samples[-1]] if samples and (len(samples) - 1) % step else [])
+    warm = result.warm()
+    base = warm[0].rss_mb if warm else None
+    table = Table(title=f"soak samples: {result.config.streams} paced streams through specgate serve (every "
+                        f"{step * result.config.sample_s:.0f} s shown)")  # fmt: skip
+    for column in ("t s", "req/s", "done", "errors", "5xx", "RSS MiB", "vs warm", "fds", "loop lag ms", "/metrics ms"):
+        table.add_column(column, justify="right")
+    for s in shown:
+        after = base is not None and s.rss_mb is not None and s.t_s >= result.config.warmup_s
+        growth = f"{(s.rss_mb or 0) / (base or 1) - 1:+.1%}" if after else ""
+        table.add_row(
+            f"{s.t_s:.0f}", f"{s.rps:.1f}", str(s.completed), str(s.errors), _fmt(s.gateway_5xx, ".0f"),
+            _fmt(s.rss_mb, ".1f"), growth, _fmt(s.fds, "d"), _fmt(s.loop_lag_ms, ".1f"), _fmt(s.scrape_ms, ".1f"),
+        )  # fmt: skip
+    return table
+
+
+def summary_table(result: SoakResult) -> Table:
+    table = Table(title="soak: direct vs through specgate (same load, before/after, this machine)")
+    for column in ("target", "s", "streams", "requests", "steady req/s", "vs direct", "p50 ms", "p99 ms",
+                   "TTFB p50", "TTFB p99", "errors"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "target" else "right")
+    for p in (result.direct, result.gateway):
+        ratio = "" if p is result.direct else f"{result.ratio:.3f}x"
+        table.add_row(
+            p.target, f"{p.duration_s:.0f}", str(result.config.streams), str(p.completed), f"{p.steady_rps:.1f}", ratio,
+            f"{p.p50_ms:.0f}", f"{p.p99_ms:.0f}", f"{p.ttfb_p50_ms:.1f}", f"{p.ttfb_p99_ms:.1f}", str(p.errors),
+        )  # fmt: skip
+    return table
+
+
+def verdicts(result: SoakResult) -> list[str]:
+    growth, slope = result.rss_growth(), result.rss_slope_mb_per_min()
+    lags = [s.loop_lag_ms for s in result.gateway.samples if s.loop_lag_ms is not None]
+    fds = [s.fds for s in result.warm() if s.fds is not None]
+    mark = {True: "[green]ok[/]", False: "[red]MISSED[/]"}
+    lines = [
+        f"errors (client-side + gateway 5xx): {result.errors}  {mark[result.errors == 0]}",
+        f"throughput vs direct: {result.ratio:.3f}x  {mark[result.ratio >= RATIO_TARGET]}",
+    ]
+    if growth is not None:
+        lines.append(f"RSS growth after {result.config.warmup_s:.0f} s: {growth:+.2%} (target < {RSS_TARGET:.0%}), "
+                     f"trend {slope or 0:+.2f} MiB/min  {mark[growth < RSS_TARGET]}")  # fmt: skip
+    if lags:
+        median = sorted(lags)[len(lags) // 2]
+        lines.append(f"event-loop lag (5 s windows): median {median:.1f} ms, max {max(lags):.1f} ms")
+    if fds:
+        lines.append(f"open fds after the warm-up: {min(fds)}..{max(fds)}")
+    by = next((s.gateway_5xx_by for s in reversed(result.gateway.samples) if s.gateway_5xx_by), None)
+    if by:
+        lines.append("gateway 5xx by status and reason: " + ", ".join(f"{k}: {v:.0f}" for k, v in sorted(by.items())))
+    if result.gateway.probe_errors:
+        lines.append(f"/metrics probes that failed: {len(result.gateway.probe_errors)} "
+                     f"(first: {result.gateway.probe_errors[0]})")  # fmt: skip
+    return lines
+
+
+def render(result: SoakResult, console: Console) -> None:
+    console.print(samples_table(result))
+    console.print(summary_table(result))
+    for line in verdicts(result):
+        console.print(line)
+
+
+def plot(result: SoakResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples: list[Sample] = result.gateway.samples
+    t = [s.t_s for s in samples]
+    fig, _ = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
+    axes = fig.axes
+    series: list[tuple[str, Sequence[float | None]]] = [
+        ("RSS (MiB)", [s.rss_mb for s in samples]),
+        ("open fds", [s.fds for s in samples]),
+        ("event-loop lag, max of 5 s (ms)", [s.loop_lag_ms for s in samples]),
+    ]
+    for axis, (label, values) in zip(axes, series, strict=False):
+        axis.plot(t, [float("nan") if v is None else v for v in values], marker=".")
+        axis.set_ylabel(label)
+        axis.axvline(result.config.warmup_s, color="grey", linestyle=":")
+    _throughput(axes[3], result.gateway, result.direct)
+    axes[3].set_xlabel("seconds")
+    fig.suptitle(f"specgate soak: {result.config.streams} paced streams ({result.config.chunks} events x "
+                 f"{result.config.pace_s * 1e3:.0f} ms), fake upstream")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _throughput(axis: Axes, gateway: Phase, direct: Phase) -> None:
+    axis.plot([s.t_s for s in gateway.samples], [s.rps for s in gateway.samples], marker=".", label="specgate")
+    axis.axhline(direct.steady_rps, color="green", linestyle="--", label="direct (steady)")
+    axis.set_ylabel("req/s")
+    axis.legend()

@@ -77,6 +77,9 @@ class ProxyRoute:
 class _Relay:
     """Forwards one routed request, retrying once before the first byte, and records the outcome."""
 
+    method = "POST"
+    usage_key = _USAGE_KEY  # completion tokens in the usage object (the Responses API names them differently)
+
     def __init__(
         self,
         state: GatewayState,
@@ -159,7 +162,7 @@ class _Relay:
             guard.rearm(self.state.settings.first_byte_timeout_s)
 
     async def _attempt(self, replica: Replica, body: bytes) -> tuple[UpstreamResponse, bytes, ChunkReader | None]:
-        response = await self.state.upstream.send(replica.url + self.path, body, self.forward_headers)
+        response = await self.state.upstream.send(replica.url + self.path, body, self.forward_headers, self.method)
         try:
             if not _is_event_stream(response.headers):
                 return response, await response.read(), None
@@ -182,12 +185,12 @@ class _Relay:
             guard.settle()
             await self._send_head(send, response.status, headers, first, more_body=False)
             self.ttft = time.perf_counter() - self.started
-            self.tokens = _usage_tokens(first) or 0
+            self.tokens = _usage_tokens(first, self.usage_key) or 0
             return
         await self._send_head(send, response.status, headers + _STREAM_HEADERS, first, more_body=True)
         self.ttft = time.perf_counter() - self.started
         self.events = first.count(b"data: ")
-        self.usage = _usage_tokens(first)
+        self.usage = _usage_tokens(first, self.usage_key)
         loop, idle = guard.loop, self.state.settings.idle_timeout_s
         guard.deadline = loop.time() + idle
         pipe, writer = response.piper(), self._writer
@@ -230,8 +233,8 @@ class _Relay:
 
     def _count(self, chunk: bytes) -> None:
         self.events += chunk.count(b"data: ")
-        if _USAGE_KEY in chunk:
-            self.usage = _usage_tokens(chunk)
+        if self.usage_key in chunk:
+            self.usage = _usage_tokens(chunk, self.usage_key)
 
     async def _fail(self, send: Send, exc: GatewayError) -> None:
         if self.ttft is None:
@@ -268,12 +271,12 @@ def _is_event_stream(headers: RawHeaders) -> bool:
     return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
 
-def _usage_tokens(chunk: bytes) -> int | None:
-    """``usage.completion_tokens`` found by a byte search, without parsing the JSON."""
-    at = chunk.rfind(_USAGE_KEY)
+def _usage_tokens(chunk: bytes, key: bytes = _USAGE_KEY) -> int | None:
+    """``usage.completion_tokens`` (or another ``key``) found by a byte search, without parsing the JSON."""
+    at = chunk.rfind(key)
     if at < 0:
         return None
-    digits = chunk[at + len(_USAGE_KEY) : at + len(_USAGE_KEY) + 12].lstrip()
+    digits = chunk[at + len(key) : at + len(key) + 12].lstrip()
     end = 0
     while end < len(digits) and 48 <= digits[end] <= 57:
         end += 1

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from backends.emulator import extras
 from backends.emulator import openai_io as io
+from backends.emulator import responses_io as rio
 from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.profiles import Profile
 from backends.emulator.runner import EngineRunner, Ticket
@@ -58,6 +60,7 @@ class Job:
     rid: str
     created: int
     ticket: Ticket
+    store: rio.ResponseStore | None = None  # Responses API: where the finished response is kept
 
 
 class EmulatorCore:
@@ -77,6 +80,8 @@ class EmulatorCore:
         self.headers = {EMULATED_HEADER: "true", MODE_HEADER: config.mode}
         self._truth: dict[str, WorkloadItem] = workload.by_key() if workload is not None else {}
         self._runner_task: asyncio.Task[None] | None = None
+        self.vocab = extras.Vocabulary()
+        self.responses = rio.ResponseStore()
 
     def ensure_running(self) -> None:
         """Start the engine loop on the running event loop (kept; stopped by :meth:`aclose`)."""
@@ -91,14 +96,27 @@ class EmulatorCore:
                 await task
 
     def parse(self, kind: str, raw: bytes) -> io.ParsedRequest:
+        if kind == rio.RESPONSES:
+            return rio.parse_responses(raw, self.config.model_name, self.config.profile.max_model_len)
         return io.parse_request(kind, raw, self.config.model_name, self.config.profile.max_model_len)
 
     def start(self, parsed: io.ParsedRequest) -> Job:
         """Admit a parsed request into the engine."""
         self.ensure_running()
         request, style = self._engine_request(parsed)
+        if parsed.kind == rio.RESPONSES:
+            return Job(parsed, style, rio.new_id(), int(time.time()), self.runner.submit(request), self.responses)
         rid = f"{'chatcmpl' if parsed.kind == io.CHAT else 'cmpl'}-{uuid.uuid4().hex}"
         return Job(parsed, style, rid, int(time.time()), self.runner.submit(request))
+
+    def simple(self, path: str, raw: bytes) -> bytes:
+        """``POST /tokenize``, ``/detokenize`` or ``/v1/embeddings`` (no engine time: EMULATED shapes only)."""
+        name, max_len = self.config.model_name, self.config.profile.max_model_len
+        if path == "/tokenize":
+            return extras.tokenize(self.vocab, raw, name, max_len)
+        if path == "/detokenize":
+            return extras.detokenize(self.vocab, raw, name)
+        return extras.embeddings(raw, name)
 
     def finish(self, job: Job) -> None:
         """Release a job: a no-op when it completed, an abort when the client went away."""
@@ -164,12 +182,23 @@ async def full_body(job: Job) -> bytes | None:
         if emission.finished:
             request = job.ticket.request
             text = token_text(job.style, 0, request.generated)
+            if job.store is not None:
+                final = rio.response_object(
+                    job.parsed, job.rid, job.created, text, request.finish_reason, request.generated
+                )
+                body = orjson.dumps(final)
+                job.store.put(job.rid, body)
+                return body
             return io.full_response(job.parsed, job.rid, job.created, text, request.finish_reason, request.generated)
     return None
 
 
 async def stream_events(job: Job) -> AsyncIterator[bytes]:
     """SSE events: the role (chat), one event per engine step, usage if asked, then ``[DONE]``."""
+    if job.store is not None:
+        async for event in _response_events(job, job.store):
+            yield event
+        return
     parsed, produced, ticket = job.parsed, 0, job.ticket
     if parsed.kind == io.CHAT:
         yield io.stream_chunk(parsed, job.rid, job.created, None, None, role=True)
@@ -183,3 +212,22 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
     if emission is not None and parsed.include_usage:
         yield io.usage_chunk(parsed, job.rid, job.created, produced)
     yield io.DONE
+
+
+async def _response_events(job: Job, store: rio.ResponseStore) -> AsyncIterator[bytes]:
+    """The Responses API stream: vLLM's opening events, one text delta per engine step, the closing events."""
+    writer, produced, pieces = rio.EventWriter(job.parsed, job.rid, job.created), 0, []
+    for event in writer.opening():
+        yield event
+    while (emission := await job.ticket.queue.get()) is not None:
+        text = token_text(job.style, produced, emission.tokens)
+        produced += emission.tokens
+        pieces.append(text)
+        yield writer.delta(text)
+        if emission.finished:
+            text, finish = "".join(pieces), job.ticket.request.finish_reason
+            final = rio.response_object(job.parsed, job.rid, job.created, text, finish, produced)
+            store.put(job.rid, orjson.dumps(final))
+            for event in writer.closing(final, text):
+                yield event
+            return

@@ -1,4 +1,5 @@
-"""State that several gateway replicas share: request counts (QPS), estimates, rate-limit buckets.
+"""State that several gateway replicas share: request counts (QPS), estimates, rate-limit buckets, and plain
+values with a TTL (which replica holds a Responses API id).
 
 One small interface, :class:`SharedState`, two implementations: :class:`MemorySharedState` (one replica, no
 Redis) and :class:`RedisSharedState` (``redis.asyncio``, short timeouts, no client-side retries). Nothing
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -24,6 +26,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 QPS_BUCKET_TTL_EXTRA_S = 10
+_MEMORY_VALUES_LIMIT = 100_000  # past this many values, expired ones are dropped on the next put
 T = TypeVar("T")
 
 
@@ -54,6 +57,10 @@ class SharedState(Protocol):
     async def get_estimates(self, now: float, ttl_s: float) -> dict[str, Estimate]: ...
 
     async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool: ...
+
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None: ...
+
+    async def get_value(self, key: str) -> str | None: ...
 
     async def close(self) -> None: ...
 
@@ -101,6 +108,7 @@ class MemorySharedState:
         self._counts: dict[int, int] = {}
         self._estimates: dict[str, tuple[float, dict[str, Estimate]]] = {}
         self._buckets: dict[str, _Bucket] = {}
+        self._values: dict[str, tuple[str, float]] = {}  # key -> (value, monotonic expiry)
 
     async def add_requests(self, counts_by_second: Mapping[int, int], window_s: float) -> None:
         for second, count in counts_by_second.items():
@@ -127,6 +135,16 @@ class MemorySharedState:
             return False
         state.tokens -= cost
         return True
+
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
+        now = time.monotonic()
+        if len(self._values) >= _MEMORY_VALUES_LIMIT:
+            self._values = {k: v for k, v in self._values.items() if v[1] > now}
+        self._values[key] = (value, now + ttl_s)
+
+    async def get_value(self, key: str) -> str | None:
+        entry = self._values.get(key)
+        return entry[0] if entry is not None and entry[1] > time.monotonic() else None
 
     async def close(self) -> None:
         return None
@@ -213,6 +231,14 @@ class RedisSharedState:
         call = self._client.eval(_TAKE_TOKENS_LUA, 1, key, rate, burst, now, cost)
         allowed = await self._guard("take_tokens", call)
         return bool(allowed)
+
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
+        call = self._client.set(f"{self._prefix}val:{key}", value, px=max(1, math.ceil(ttl_s * 1000)))
+        await self._guard("put_value", call)
+
+    async def get_value(self, key: str) -> str | None:
+        value = await self._guard("get_value", self._client.get(f"{self._prefix}val:{key}"))
+        return None if value is None else str(value)
 
     async def ping(self) -> bool:
         return bool(await self._guard("ping", self._client.ping()))

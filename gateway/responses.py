@@ -1,0 +1,188 @@
+"""``POST /v1/responses`` (OpenAI's Responses API, which vLLM serves): routed by the same decider as chat.
+
+Features come from ``input`` (a string, or items whose last user text feeds the classifier), ``instructions``
+(the system prompt), ``max_output_tokens`` and ``stream``. The relay is the proxy's, plus: the response id is
+read from the body or the stream's first events and remembered with the replica that answered
+(:mod:`gateway.response_ids`), and a request that continues a conversation (``previous_response_id``) goes
+to the replica holding it, since vLLM keeps it in that server's memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.types import Receive, Scope, Send
+
+from gateway.decide import Decision, decide
+from gateway.direct import direct_body
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.features import Classifier, RequestFeatures, _optional, _temperature, estimate_tokens
+from gateway.guard import Guard
+from gateway.passthrough import PassthroughRelay, find_replica
+from gateway.pools import Replica
+from gateway.proxy import ChunkReader, parse_json_object, read_body, send_error
+from gateway.response_ids import ResponseOwners, StreamIdScanner, body_response_id, valid_id
+from gateway.rules import RoutingRules
+from gateway.snapshot import Snapshot
+from gateway.state import GatewayState
+from gateway.upstream import UpstreamResponse
+
+RESPONSES_PATH = "/v1/responses"
+_TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+
+
+def responses_features(
+    body: Mapping[str, Any], headers: Mapping[str, str], rules: RoutingRules, classifier: Classifier
+) -> RequestFeatures:
+    """Validate and read a Responses API body; a bad field is a 400 naming it."""
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string", param="model")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRequest("'instructions' must be a string", param="instructions")
+    system, user, tokens = _input_text(body.get("input"))
+    if instructions:
+        system, tokens = instructions, tokens + estimate_tokens(instructions) + 4
+    max_tokens = body.get("max_output_tokens")
+    if max_tokens is None:
+        max_tokens = rules.defaults.max_tokens
+    elif not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InvalidRequest("'max_output_tokens' must be a positive integer", param="max_output_tokens")
+    return RequestFeatures(
+        model=model,
+        max_tokens=max_tokens,
+        prompt_tokens=tokens,
+        task=classifier.classify(system, user),
+        stream=_optional(body, "stream", bool, False),
+        n=1,
+        temperature=_temperature(body),
+        headers=headers,
+    )
+
+
+def _input_text(items: Any) -> tuple[str | None, str | None, int]:
+    """(first system/developer text, last user text, estimated prompt tokens) of ``input``."""
+    if isinstance(items, str):
+        return None, items, estimate_tokens(items)
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest("'input' must be a string or a non-empty array of input items", param="input")
+    system: str | None = None
+    user: str | None = None
+    tokens = 0
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"input[{index}] must be an object", param="input")
+        text = _item_text(item, index)
+        tokens += estimate_tokens(text) + 4
+        role = item.get("role")
+        if role in ("system", "developer") and system is None:
+            system = text
+        elif role == "user":
+            user = text
+    return system, user, tokens
+
+
+def _item_text(item: Mapping[str, Any], index: int) -> str:
+    """A message's text (a string, or its text parts); a tool call's output or arguments; else nothing."""
+    content = item.get("content")
+    if "role" in item:
+        if content is None or isinstance(content, str):
+            return content or ""
+        if isinstance(content, list):
+            parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") in _TEXT_PARTS]
+            return "\n".join(p for p in parts if isinstance(p, str))
+        raise InvalidRequest(f"input[{index}].content must be a string or an array of parts", param="input")
+    for key in ("output", "arguments"):
+        value = item.get(key)
+        if isinstance(value, str):
+            return value
+    return ""
+
+
+class ResponsesRelay(PassthroughRelay):
+    """The relay for a routed (or conversation-pinned) Responses API call: also remembers the response id."""
+
+    usage_key = b'"output_tokens":'
+    owners: ResponseOwners
+    _scanner: StreamIdScanner | None = None
+
+    async def _respond(
+        self, response: UpstreamResponse, first: bytes, chunks: ChunkReader | None, send: Send, guard: Guard
+    ) -> None:
+        if response.status == 200 and self.booking is not None:
+            if chunks is None:
+                rid = body_response_id(first)
+                if rid is not None:
+                    write = self.owners.remember(rid, self.booking.replica.url)
+                    if write is not None:
+                        await write  # so that a retrieve through another gateway finds it (bounded by Redis's timeout)
+            else:
+                self._scanner = StreamIdScanner()
+                self._scan(first)
+        await super()._respond(response, first, chunks, send, guard)
+
+    def _count(self, chunk: bytes) -> None:
+        super()._count(chunk)
+        if self._scanner is not None:  # only until the id is found, within the stream's first bytes
+            self._scan(chunk)
+
+    def _scan(self, chunk: bytes) -> None:
+        assert self._scanner is not None and self.booking is not None
+        rid = self._scanner.feed(chunk)
+        if rid is not None:
+            self.owners.remember(rid, self.booking.replica.url)  # the write to Redis runs in the background
+        if self._scanner.done:
+            self._scanner = None
+
+
+class ResponsesRoute:
+    """ASGI app for ``POST /v1/responses``: parse -> decide (or follow the conversation) -> relay -> remember."""
+
+    kind = "responses"
+    path = RESPONSES_PATH
+
+    def __init__(self, state: GatewayState, owners: ResponseOwners) -> None:
+        self.state = state
+        self.owners = owners
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self.state
+        started = time.perf_counter()
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            body = await read_body(receive, headers, state.settings.max_body_bytes)
+            payload = parse_json_object(body)
+            features, decision = self.route_payload(payload, headers, state.snapshot)
+            pinned = await self._conversation_owner(payload)
+        except GatewayError as exc:
+            await send_error(send, exc)
+            state.metrics.count_request("none", "rejected", "none", exc.status_code)
+            return
+        if pinned is not None:
+            decision = Decision(pinned.pool, "previous response", None)
+        state.metrics.route_step.observe(time.perf_counter() - started)
+        state.qps.record(time.monotonic())
+        state.signals.record_request(time.time())
+        relay = ResponsesRelay(state, self.path, features, decision, headers, started)
+        relay.owners, relay.pinned = self.owners, pinned
+        await relay.run(body, receive, send, direct_body(scope))
+
+    def route_payload(
+        self, payload: dict[str, Any], headers: dict[str, str], snapshot: Snapshot
+    ) -> tuple[RequestFeatures, Decision]:
+        ruleset = self.state.ruleset
+        features = responses_features(payload, headers, ruleset.rules, ruleset.classifier)
+        self.state.check_model(features.model)
+        return features, decide(features, snapshot, ruleset.rules)
+
+    async def _conversation_owner(self, payload: Mapping[str, Any]) -> Replica | None:
+        """The replica holding ``previous_response_id``, when the gateway knows it (else the decider's pick,
+        which answers vLLM's own 404 if it does not have it)."""
+        previous = payload.get("previous_response_id")
+        if not valid_id(previous):
+            return None
+        url = await self.owners.owner(previous)
+        return find_replica(self.state, url) if url is not None else None

@@ -94,8 +94,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
 
 _QUERY = re.compile(rb"[A-Za-z0-9._~%&=+,:;!*'()/?@$-]*")  # RFC 3986 query characters, nothing else
 _NO_HEADERS: MappingProxyType[str, str] = MappingProxyType({})
+# No decision reads these. The nominal one-token booking keeps the call visible in the replica's booked load.
 NO_FEATURES = RequestFeatures(
-    model="", max_tokens=0, prompt_tokens=0, task="none", stream=False, n=1, temperature=None, headers=_NO_HEADERS
+    model="", max_tokens=0, prompt_tokens=1, task="none", stream=False, n=1, temperature=None, headers=_NO_HEADERS
 )
 
 

@@ -10,7 +10,9 @@ Behaviour per request comes from headers, which the gateway forwards unchanged:
     x-fake-reset: 1           drop the connection without answering
 
 ``FakeUpstream.healthy`` switches ``/health`` between 200 and 503; ``requests`` counts what arrived and
-``cancelled`` counts streams the client went away from.
+``cancelled`` counts streams the client went away from. Any other path is echoed (method, path, query, body)
+as JSON and noted in ``seen``, so a test can tell exactly what the gateway forwarded, or that it forwarded
+nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class FakeUpstream:
         self.events_sent = 0  # stream events written, over all streams
         self.last_body: dict[str, Any] | None = None
         self.last_headers: dict[str, str] = {}
+        self.seen: list[tuple[str, str]] = []  # (method, path?query) of every request to another path
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -41,7 +44,25 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
+        app.router.add_route("*", "/{tail:.*}", self._echo)
         return app
+
+    async def _echo(self, request: web.Request) -> web.Response:
+        self.seen.append((request.method, request.path_qs))
+        body = await request.read()
+        delay = float(request.headers.get("x-fake-delay", 0))
+        if delay:
+            await asyncio.sleep(delay)
+        echo = {
+            "upstream": self.name,
+            "method": request.method,
+            "path": request.path,
+            "query": request.query_string,
+            "content_type": request.headers.get("content-type"),
+            "body": body.decode("utf-8", "replace"),
+        }
+        status = int(request.headers.get("x-fake-status", 200))
+        return web.Response(status=status, body=orjson.dumps(echo), content_type="application/json")
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)

@@ -80,7 +80,7 @@ def _input_text(items: Any) -> tuple[str | None, str | None, int]:
         role = item.get("role")
         if role in ("system", "developer") and system is None:
             system = text
-        elif role == "user":
+        elif role == "user" and text:  # an image-only message leaves the last text in charge
             user = text
     return system, user, tokens
 

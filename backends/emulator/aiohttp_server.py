@@ -26,6 +26,8 @@ def build_aiohttp_app(core: EmulatorCore) -> web.Application:
     app.router.add_post("/v1/responses", _completion(core, rio.RESPONSES))
     stored = _simple(core, lambda request, _: core.responses.get(request.match_info["rid"]))
     app.router.add_get("/v1/responses/{rid}", stored)
+    cancel = _simple(core, lambda request, _: core.responses.cancel(request.match_info["rid"]))
+    app.router.add_post("/v1/responses/{rid}/cancel", cancel)
     for path in ("/tokenize", "/detokenize", "/v1/embeddings"):
         app.router.add_post(path, _simple(core, lambda request, raw: core.simple(request.path, raw)))
     app.router.add_get("/version", _static(core, lambda: (extras.version(), "application/json")))

@@ -80,7 +80,6 @@ class EmulatorCore:
         self.headers = {EMULATED_HEADER: "true", MODE_HEADER: config.mode}
         self._truth: dict[str, WorkloadItem] = workload.by_key() if workload is not None else {}
         self._runner_task: asyncio.Task[None] | None = None
-        self.vocab = extras.Vocabulary()
         self.responses = rio.ResponseStore()
 
     def ensure_running(self) -> None:
@@ -113,9 +112,9 @@ class EmulatorCore:
         """``POST /tokenize``, ``/detokenize`` or ``/v1/embeddings`` (no engine time: EMULATED shapes only)."""
         name, max_len = self.config.model_name, self.config.profile.max_model_len
         if path == "/tokenize":
-            return extras.tokenize(self.vocab, raw, name, max_len)
+            return extras.tokenize(raw, name, max_len)
         if path == "/detokenize":
-            return extras.detokenize(self.vocab, raw, name)
+            return extras.detokenize(raw, name)
         return extras.embeddings(raw, name)
 
     def finish(self, job: Job) -> None:

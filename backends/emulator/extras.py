@@ -1,9 +1,8 @@
 """The emulator's other vLLM endpoints: ``/tokenize``, ``/detokenize``, ``/v1/embeddings``, ``/version``.
 
-Shapes are vLLM 0.32's; contents are EMULATED: tokens are the emulator's word pieces (each with its leading
-whitespace) numbered in a per-server vocabulary, so ``/detokenize`` inverts ``/tokenize`` on the same server;
-embeddings are deterministic pseudo-random unit vectors seeded by a hash of the text (equal texts, equal
-vectors), not a model's.
+Shapes are vLLM 0.32's; contents are EMULATED: a token is one UTF-8 byte (id = the byte's value), so every
+emulator agrees on ids and ``/detokenize`` inverts ``/tokenize`` on any of them; embeddings are deterministic
+pseudo-random unit vectors seeded by a hash of the text (equal texts, equal vectors), not a model's.
 """
 
 from __future__ import annotations
@@ -27,35 +26,19 @@ from backends.workloads.loader import content_text
 VLLM_VERSION = "0.32.0"
 EMBEDDING_DIM = 64
 _PIECE = re.compile(r"\s*(?:[\u3400-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]|\w+|[^\w\s])")
-_VOCAB_LIMIT = 1_000_000
 
 
-class Vocabulary:
-    """Word pieces <-> ids, grown as texts are tokenized (ids are this server's own)."""
-
-    def __init__(self) -> None:
-        self._ids: dict[str, int] = {}
-        self._pieces: list[str] = []
-
-    def encode(self, text: str) -> list[int]:
-        ids = []
-        for piece in _PIECE.findall(text):
-            token = self._ids.get(piece)
-            if token is None:
-                if len(self._pieces) >= _VOCAB_LIMIT:
-                    raise io.RequestError(400, "the emulator's vocabulary is full")
-                token = self._ids[piece] = len(self._pieces)
-                self._pieces.append(piece)
-            ids.append(token)
-        return ids
-
-    def decode(self, tokens: list[int]) -> str:
-        if any(not 0 <= t < len(self._pieces) for t in tokens):
-            raise io.RequestError(400, "token id out of range of this server's vocabulary", "tokens")
-        return "".join(self._pieces[t] for t in tokens)
+def encode(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
 
 
-def tokenize(vocab: Vocabulary, raw: bytes, served_model: str, max_model_len: int) -> bytes:
+def decode(tokens: list[int]) -> str:
+    if any(not 0 <= t < 256 for t in tokens):
+        raise io.RequestError(400, "token id out of range: the emulator's tokens are bytes (0..255)", "tokens")
+    return bytes(tokens).decode("utf-8", "replace")
+
+
+def tokenize(raw: bytes, served_model: str, max_model_len: int) -> bytes:
     body = _checked(raw, served_model)
     prompt, messages = body.get("prompt"), body.get("messages")
     if isinstance(prompt, str):
@@ -64,16 +47,16 @@ def tokenize(vocab: Vocabulary, raw: bytes, served_model: str, max_model_len: in
         text = "\n".join(f"{m.get('role', '')}: {content_text(m.get('content'))}" for m in messages)
     else:
         raise io.RequestError(400, "either 'prompt' (a string) or 'messages' is required", "prompt")
-    tokens = vocab.encode(text)
-    strs = [vocab.decode([t]) for t in tokens] if body.get("return_token_strs") else None
+    tokens = encode(text)
+    strs = [decode([t]) for t in tokens] if body.get("return_token_strs") else None
     return orjson.dumps({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": strs})
 
 
-def detokenize(vocab: Vocabulary, raw: bytes, served_model: str) -> bytes:
+def detokenize(raw: bytes, served_model: str) -> bytes:
     tokens = _checked(raw, served_model).get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise io.RequestError(400, "'tokens' must be a list of integers", "tokens")
-    return orjson.dumps({"prompt": vocab.decode(tokens)})
+    return orjson.dumps({"prompt": decode(tokens)})
 
 
 def embeddings(raw: bytes, served_model: str) -> bytes:

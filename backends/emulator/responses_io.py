@@ -73,11 +73,19 @@ class ResponseStore:
         while len(self._bodies) > self._limit:
             self._bodies.popitem(last=False)
 
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._bodies
+
     def get(self, rid: str) -> bytes:
         body = self._bodies.get(rid)
         if body is None:
             raise io.RequestError(404, f"Response with id '{rid}' not found.", "response_id")
         return body
+
+    def cancel(self, rid: str) -> bytes:
+        """vLLM's answer for a response that is not running in the background (every emulated one)."""
+        self.get(rid)
+        raise io.RequestError(400, "Cannot cancel a synchronous response.", "response_id")
 
 
 def response_object(

@@ -1,9 +1,10 @@
 """An OpenAI-compatible emulated vLLM server, as a raw ASGI app (no framework on the hot path).
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses`` (streaming: one SSE
-event per engine step), ``GET /v1/responses/{id}``, ``POST /tokenize``, ``/detokenize``, ``/v1/embeddings``
-(EMULATED contents, see :mod:`.extras`), ``GET /version``, ``GET /v1/models``, ``GET /health``,
-``GET /metrics`` (vLLM's names) and ``GET /emulator/stats`` (how well the loop keeps to the emulated clock).
+event per engine step), ``GET /v1/responses/{id}`` (and ``/cancel``), ``POST /tokenize``, ``/detokenize``,
+``/v1/embeddings`` (EMULATED contents, see :mod:`.extras`), ``GET /version``, ``GET /v1/models``,
+``GET /health``, ``GET /metrics`` (vLLM's names) and ``GET /emulator/stats`` (how well the loop keeps to the
+emulated clock).
 Every response carries ``x-specgate-emulated: true``.
 
 A request's acceptance rate and natural output length come from the workload's ground truth, looked up by a
@@ -36,6 +37,7 @@ __all__ = ["EmulatorApp", "EmulatorConfig"]
 _POSTS = {"/v1/chat/completions": io.CHAT, "/v1/completions": io.COMPLETION, "/v1/responses": rio.RESPONSES}
 SIMPLE_POSTS = frozenset({"/tokenize", "/detokenize", "/v1/embeddings"})
 RESPONSE_PREFIX = "/v1/responses/"
+CANCEL_SUFFIX = "/cancel"
 
 
 class EmulatorApp:
@@ -83,6 +85,9 @@ class EmulatorApp:
             await self._simple(lambda raw: self.core.simple(path, raw), receive, send)
         elif path.startswith(RESPONSE_PREFIX) and method == "GET":
             await self._simple(lambda _: self.core.responses.get(path[len(RESPONSE_PREFIX) :]), receive, send)
+        elif path.startswith(RESPONSE_PREFIX) and path.endswith(CANCEL_SUFFIX) and method == "POST":
+            rid = path[len(RESPONSE_PREFIX) : -len(CANCEL_SUFFIX)]
+            await self._simple(lambda _: self.core.responses.cancel(rid), receive, send)
         elif path in self._gets and method in ("GET", "HEAD"):
             body, content_type = self._gets[path]()
             await self._send(send, 200, body, content_type)

@@ -50,15 +50,17 @@ def body_response_id(body: bytes) -> str | None:
 class StreamIdScanner:
     """Finds the response id in the first events of a Responses API stream (SSE ``data:`` lines)."""
 
-    __slots__ = ("_buffer", "done")
+    __slots__ = ("_buffer", "_seen", "done")
 
     def __init__(self) -> None:
         self._buffer = b""
+        self._seen = 0
         self.done = False
 
     def feed(self, chunk: bytes) -> str | None:
         """The id once a complete event carrying it has arrived; ``done`` when found or past the limit."""
         buffer = self._buffer + chunk if self._buffer else chunk
+        self._seen += len(chunk)
         end = buffer.rfind(b"\n")
         for line in buffer[: end + 1].split(b"\n"):
             if line.startswith(b"data:") and b'"response"' in line:
@@ -67,7 +69,7 @@ class StreamIdScanner:
                     self.done, self._buffer = True, b""
                     return rid
         self._buffer = buffer[end + 1 :]
-        if len(buffer) > SCAN_LIMIT:
+        if self._seen > SCAN_LIMIT:
             self.done, self._buffer = True, b""
         return None
 

@@ -265,3 +265,12 @@ def test_models_by_id_and_fastapi_paths_in_openais_shape(gateway: StartGateway) 
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     wrong_method = httpx.post(f"{gw.url}/health")
     assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("client", ["raw", "aiohttp", "httpx", "httpx-aiohttp"])
+def test_every_upstream_client_forwards_get_and_post(gateway: StartGateway, client: str) -> None:
+    gw = gateway(upstream_client=client)
+    version = httpx.get(f"{gw.url}/version")
+    assert (version.json()["method"], version.json()["path"]) == ("GET", "/version")
+    tokens = httpx.post(f"{gw.url}/tokenize", json={"prompt": "x"})
+    assert (tokens.json()["method"], tokens.json()["body"]) == ("POST", '{"prompt":"x"}')

@@ -216,3 +216,9 @@ def test_metrics_count_responses_with_their_decision(gw: EmulatedGateway, pools:
     gw.client().responses.create(model=pools.model, max_output_tokens=60, **CODE)
     count = lambda: registry.get_sample_value("specgate_requests_total", labels) or 0.0  # noqa: E731
     wait_for(lambda: count() == before + 1, what="the response counted")
+
+
+def test_explain_reads_a_responses_body(gw: EmulatedGateway) -> None:
+    explained = httpx.post(f"{gw.url}/v1/route/explain", json={"max_output_tokens": 80, **CODE}).json()
+    assert explained["decision"]["pool"] == "speculative" and explained["features"]["task"] == "code"
+    assert explained["features"]["max_tokens"] == 80

@@ -3,8 +3,10 @@ values with a TTL (which replica holds a Responses API id).
 
 One small interface, :class:`SharedState`, two implementations: :class:`MemorySharedState` (one replica, no
 Redis) and :class:`RedisSharedState` (``redis.asyncio``, short timeouts, no client-side retries). Nothing
-here is ever awaited on the request path: :class:`~gateway.signals.shared_qps.SharedQps` counts requests
-locally and a background task flushes the counts and reads the shared total.
+here is awaited on the routing path: :class:`~gateway.signals.shared_qps.SharedQps` counts requests
+locally and a background task flushes the counts and reads the shared total. The one exception is the
+Responses API's id map (:mod:`gateway.response_ids`): a non-streamed response waits for its id's write, and a
+``GET /v1/responses/{id}`` this replica did not relay reads Redis, both bounded by the short timeouts.
 
 Errors: every Redis failure (refused, timed out, reset, a server error) surfaces as
 :class:`SharedStateUnavailable`; the caller degrades (keeps its local view) and tries again on its next tick.

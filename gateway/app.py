@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -22,9 +23,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.adaptive.policy import is_warm, predictions
+from gateway.adaptive.views import model_view, prediction_view
 from gateway.config import Settings
 from gateway.errors import BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, UnknownModel, error_body
 from gateway.passthrough import PassthroughRoute
+from gateway.pools import replica_states
 from gateway.proxy import ProxyRoute, parse_json_object
 from gateway.reload import RulesWatcher
 from gateway.response_ids import ResponseOwners
@@ -116,8 +120,10 @@ def create_app(
         pools = {
             name: {"healthy": p.healthy_replicas, "total": p.total_replicas} for name, p in state.snapshot.pools.items()
         }
-        ok = any(p.available for p in state.snapshot.pools.values())
+        ok = any(p.available for p in state.snapshot.pools.values()) and not state.draining
         details = {"ready": ok, "pools": pools, "qps_source": state.snapshot.qps_source}
+        details["replicas"] = replica_states(state.pools)
+        details["draining"] = state.draining
         details["signals"] = state.signals.status()
         return JSONResponse(details, status_code=200 if ok else 503)
 
@@ -147,15 +153,21 @@ def create_app(
         payload = parse_json_object(body)
         route = responses if "input" in payload else completions if "prompt" in payload else chat
         headers = {k.lower(): v for k, v in request.headers.items()}
-        snapshot = state.snapshot
+        snapshot = state.current_snapshot()
         features, decision = route.route_payload(payload, headers, snapshot)
+        rules = state.ruleset.rules
+        objective = features.objective or state.ruleset.rules.objective
         return {
             "decision": {
                 "pool": decision.pool,
                 "reason": decision.reason,
                 "rule": decision.rule,
                 "fallback": decision.fallback,
+                "explored": decision.explored,
+                "load": decision.load,
             },
+            "predictions": [prediction_view(p, objective) for p in predictions(features, snapshot, rules)],
+            "model": {"warm": is_warm(snapshot, rules.adaptive), "observations": state.learner.observations},
             "features": {**asdict(features), "headers": None},
             "snapshot": {
                 "qps": snapshot.qps,
@@ -166,5 +178,12 @@ def create_app(
                 "signal_ages_s": dict(snapshot.signal_ages_s),
             },
         }
+
+    @api.get("/v1/route/model")
+    async def learned_model() -> dict[str, Any]:
+        """What the adaptive policy learned (read-only)."""
+        snapshot, rules = state.snapshot, state.ruleset.rules
+        view = model_view(snapshot.model, rules, time.monotonic(), is_warm(snapshot, rules.adaptive))
+        return {**view, "warm_after": state.warm_after}
 
     return SpecgateApp(state, api, routes, PassthroughRoute(state, owners))

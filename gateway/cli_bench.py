@@ -18,6 +18,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     overhead.add_argument("--json", type=Path, help="also write the results as JSON")
     overhead.set_defaults(func=run_overhead)
     cli_bench_compare.register(bench_sub)
+    route = bench_sub.add_parser(
+        "route", help="the workload through the gateway to two real pools: pinned, reference rules, adaptive"
+    )
+    route.add_argument("--standard", required=True, help="standard pool URL (e.g. `specgate backends launch --cpu`)")
+    route.add_argument("--speculative", required=True, help="speculative pool URL")
+    route.add_argument("--workload", type=Path, action="append", help="workload file or directory (repeatable; "
+                       "default: the shipped backends/workloads/data)")  # fmt: skip
+    route.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
+    route.add_argument("--concurrency", default="1,8", help="comma-separated closed-loop concurrency levels")
+    route.add_argument("--max-tokens", type=int, default=128, help="cap on each request's max_tokens")
+    route.add_argument("--min-samples", type=int, default=None, help="override adaptive.min_samples (short runs)")
+    route.add_argument("--json", type=Path, help="also write the results as JSON")
+    route.set_defaults(func=run_route)
+    decide = bench_sub.add_parser("decide", help="the cost of one routing decision per policy (micro-benchmark)")
+    decide.add_argument("--rounds", type=int, default=20_000, help="calls timed per row")
+    decide.set_defaults(func=run_decide)
 
 
 def run_overhead(args: argparse.Namespace) -> int:
@@ -29,3 +45,31 @@ def run_overhead(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(overhead.TARGETS)})")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     return overhead.main(targets, concurrency, args.scale, args.json)
+
+
+def run_decide(args: argparse.Namespace) -> int:
+    from gateway.bench import decide
+
+    return decide.main(args.rounds)
+
+
+def run_route(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from backends.workloads.loader import DATA_DIR
+    from gateway.bench import route
+    from gateway.cli_bench_compare import WorkloadFileError, load_items
+
+    try:
+        items = load_items(args.workload or [DATA_DIR], args.per_category)
+        levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except (WorkloadFileError, ValueError) as exc:
+        raise SystemExit(f"specgate bench route: {exc}") from exc
+    config = route.RouteConfig(
+        args.standard.rstrip("/"), args.speculative.rstrip("/"), items, levels, args.max_tokens, args.min_samples
+    )
+    result = route.bench_route(config)
+    route.report(result, Console(width=160))
+    if args.json:
+        route.write_json(args.json, result)
+    return 1 if result.errors() else 0

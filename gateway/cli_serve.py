@@ -11,11 +11,13 @@ from typing import Any
 
 import uvicorn
 
+from gateway import cli_rules_suggest
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.direct import DirectBodyProtocol
 from gateway.errors import RulesError
 from gateway.rules import load_rules
+from gateway.shutdown import serve
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +35,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = rules_sub.add_parser("check", help="validate a rules file; exit 1 naming each bad key")
     check.add_argument("file", type=Path)
     check.set_defaults(func=run_rules_check)
+    cli_rules_suggest.register(rules_sub)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -66,7 +69,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # passes went from ~60 ms to ~4 ms under load, see docs/architecture.md).
     gc.collect()
     gc.freeze()
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -77,7 +80,8 @@ def run_serve(args: argparse.Namespace) -> int:
         proxy_headers=False,  # routing never reads the client address; skip the middleware on the hot path
         server_header=False,
     )
-    return 0
+    # SIGTERM drains, then exit 0: gateway/shutdown.py
+    return serve(config, app.state, settings.drain_delay_s, settings.shutdown_grace_s)
 
 
 def run_rules_check(args: argparse.Namespace) -> int:

@@ -41,6 +41,17 @@ class Settings(BaseSettings):
     upstream_client: Literal["auto", "raw", "aiohttp", "httpx", "httpx-aiohttp"] = "auto"
     max_connections: int = Field(default=0, ge=0)  # per upstream host; 0 = no limit
 
+    # Circuit breaking per replica from real traffic (gateway/breaker.py); breaker_failures=0 turns it off.
+    breaker_failures: int = Field(default=5, ge=0)  # consecutive failures that open a replica's breaker
+    breaker_error_rate: float = Field(default=0.5, gt=0, le=1)  # or this failure ratio over the window
+    breaker_min_requests: int = Field(default=20, ge=1)  # outcomes in the window before the ratio counts
+    breaker_window_s: float = Field(default=10.0, gt=0)
+    breaker_cooldown_s: float = Field(default=5.0, gt=0)  # open this long, then one half-open probe
+    # Graceful shutdown on SIGTERM (gateway/shutdown.py): /ready turns 503 at once; after drain_delay_s the
+    # listener closes; in-flight requests get shutdown_grace_s to finish; then the process exits 0.
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    drain_delay_s: float = Field(default=0.0, ge=0)  # keep accepting this long (0: a Helm preStop sleep does it)
+
     health_interval_s: float = Field(default=2.0, gt=0)
     health_timeout_s: float = Field(default=2.0, gt=0)
     snapshot_interval_s: float = Field(default=0.25, gt=0)
@@ -68,6 +79,9 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(default=0.25, gt=0)
     redis_sync_interval_s: float = Field(default=0.25, gt=0)
     redis_stale_after_s: float = Field(default=2.0, gt=0)
+    # The learned latency model (gateway/adaptive): shared through Redis when redis_url is set.
+    model_sync_interval_s: float = Field(default=2.0, gt=0)
+    model_ttl_s: float = Field(default=60.0, gt=0)  # a replica's shared numbers expire this long after its last sync
 
     @model_validator(mode="after")
     def _no_unknown_environment(self) -> Settings:

@@ -1,16 +1,20 @@
 """The routing decision: a pure function of the request's features, a snapshot and the rules.
 
 No I/O, no clock reads, no randomness: the same inputs always give the same :class:`Decision`, so the
-HTTP gateway, the tests and the simulator all run exactly this code.
+HTTP gateway, the tests and the simulator all run exactly this code. A rule (or the default) whose pool is
+``fastest`` asks the learned model (:mod:`gateway.adaptive.policy`); while the model is warming up that rule
+does not match and the rules below it decide, exploring a small share of requests on the other pool.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.adaptive.model import Prediction
+from gateway.adaptive.policy import choose_fastest, explore_during_warmup
 from gateway.features import RequestFeatures
 from gateway.rules import RoutingRules, When
-from gateway.snapshot import Snapshot, other_pool
+from gateway.snapshot import Snapshot, other_pool, pool_load
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,20 +23,55 @@ class Decision:
     reason: str  # the rule's name, "default", plus a fallback note when the chosen pool was down
     rule: str | None  # the matching rule's name, or None for the default pool
     fallback: bool = False
+    predictions: tuple[Prediction, ...] = ()  # both pools' predictions when `fastest` decided
+    explored: bool = False  # sent to the other pool to keep its model current
+    learning: bool = False  # the rules route by the model: the outcome is worth learning from
+    load: float = 0.0  # the chosen pool's load as the decision saw it (what the outcome is learned against)
+
+    @property
+    def predicted(self) -> Prediction | None:
+        return next((p for p in self.predictions if p.pool == self.pool), None)
 
 
 def decide(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> Decision:
     pool, rule_name = rules.default_pool, None
+    warming = False
     for rule in rules.rules:
         if matches(rule.when, features, snapshot):
+            if rule.pool == "fastest":
+                choice = choose_fastest(features, snapshot, rules)
+                if choice is None:
+                    warming = True
+                    continue  # warming up: the rules below decide
+                return _checked(choice.pool, choice.reason, rule.name, snapshot, choice.predictions, choice.explored)
             pool, rule_name = rule.pool, rule.name
             break
+    else:
+        if pool == "fastest":
+            choice = choose_fastest(features, snapshot, rules)
+            if choice is not None:
+                return _checked(choice.pool, choice.reason, None, snapshot, choice.predictions, choice.explored)
+            pool, warming = rules.adaptive.warmup_pool, True
     reason = rule_name or "default"
+    if warming:
+        if explore_during_warmup(features, snapshot, rules, pool):
+            return _checked(other_pool(pool), f"{reason} (warm-up); explore", rule_name, snapshot, (), True)
+        reason = f"{reason} (warm-up)"
+    return _checked(pool, reason, rule_name, snapshot, (), False, learning=rules.uses_fastest)
+
+
+def _checked(
+    pool: str, reason: str, rule: str | None, snapshot: Snapshot, predictions: tuple[Prediction, ...],
+    explored: bool, learning: bool = True,
+) -> Decision:  # fmt: skip
+    """The decision, or the other pool when this one has no healthy replica (both serve the same model)."""
+    fallback = False
     if not snapshot.pool(pool).available:
         alternative = other_pool(pool)
         if snapshot.pool(alternative).available:
-            return Decision(alternative, f"{reason}; fallback: {pool} unavailable", rule_name, fallback=True)
-    return Decision(pool, reason, rule_name)
+            pool, reason, fallback = alternative, f"{reason}; fallback: {pool} unavailable", True
+    load = pool_load(snapshot, pool) if learning else 0.0
+    return Decision(pool, reason, rule, fallback, predictions, explored, learning, load)
 
 
 def matches(when: When, features: RequestFeatures, snapshot: Snapshot) -> bool:

@@ -13,18 +13,39 @@ the first chunk leave in one write. Flow control is kept: :meth:`DirectBody.writ
 returns False once the client's transport is over its high-water mark, and the relay stops reading the
 upstream until :meth:`DirectBody.drain` returns. Under any other server the extension is absent and the relay
 uses plain ``send``.
+
+All this leans on uvicorn internals (the attributes in ``CYCLE_INTERNALS``, ``_start_asgi_task``), so
+pyproject pins the uvicorn range it was tested with, and the protocol checks them once, at the first
+request: when one is missing it logs one line and offers no extension, so the relay falls back to ``send``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 DIRECT_BODY = "specgate.direct_body"
+# What DirectBody reads or writes on uvicorn's RequestResponseCycle (and its flow control).
+CYCLE_INTERNALS = ("transport", "flow", "response_started", "response_complete", "chunked_encoding", "disconnected")
+FLOW_INTERNALS = ("write_paused", "drain")
+
+log = logging.getLogger("specgate.direct")
+
+
+def missing_internals(cycle: object) -> list[str]:
+    """The uvicorn internals the fast path uses that ``cycle`` lacks (empty: the fast path is safe)."""
+    missing = [name for name in CYCLE_INTERNALS if not hasattr(cycle, name)]
+    flow = getattr(cycle, "flow", None)
+    if flow is not None:
+        missing += [f"flow.{name}" for name in FLOW_INTERNALS if not hasattr(flow, name)]
+    if not hasattr(HttpToolsProtocol, "_start_asgi_task"):
+        missing.append("HttpToolsProtocol._start_asgi_task")
+    return missing
 
 
 class DirectBody:
@@ -126,11 +147,29 @@ class DirectBodyProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, offering :class:`DirectBody` to every request it starts."""
 
     _direct: DirectBody | None = None  # the writer of the request being served
+    # Whether this uvicorn has the internals DirectBody uses: checked at the first request of the process
+    # (a property of the installed uvicorn, not of a connection). None: not checked yet.
+    compatible: ClassVar[bool | None] = None
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
-        extensions[DIRECT_BODY] = self._direct = DirectBody(cycle)
+        compatible = DirectBodyProtocol.compatible
+        if compatible is None:
+            compatible = DirectBodyProtocol.compatible = self._check(cycle)
+        if compatible:
+            extensions: dict[str, Any] = cycle.scope.setdefault("extensions", {})
+            extensions[DIRECT_BODY] = self._direct = DirectBody(cycle)
         super()._start_asgi_task(cycle, app)
+
+    @staticmethod
+    def _check(cycle: RequestResponseCycle) -> bool:
+        missing = missing_internals(cycle)
+        if missing:
+            log.warning(
+                "uvicorn %s lacks %s: streams are relayed through plain ASGI send (slower; see pyproject's pin)",
+                _uvicorn_version(),
+                ", ".join(missing),
+            )
+        return not missing
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -145,3 +184,9 @@ def direct_body(scope: Mapping[str, Any]) -> DirectBody | None:
         return None
     writer = extensions.get(DIRECT_BODY)
     return writer if isinstance(writer, DirectBody) else None
+
+
+def _uvicorn_version() -> str:
+    import uvicorn
+
+    return str(getattr(uvicorn, "__version__", "?"))

@@ -71,6 +71,14 @@ class NoHealthyBackend(GatewayError):
     code = "no_healthy_backend"
 
 
+class ShuttingDown(GatewayError):
+    """The gateway's shutdown grace period ran out while this request was still in flight."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "shutting_down"
+
+
 class UpstreamError(GatewayError):
     status_code = 502
     error_type = "upstream_error"

@@ -6,6 +6,7 @@ bad parameter, so a malformed request is rejected before any routing or forwardi
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +28,11 @@ class RequestFeatures:
     n: int
     temperature: float | None
     headers: Mapping[str, str]  # lower-case names
+    draw: float = 0.5  # uniform in [0, 1), drawn at extraction: the request's randomness (exploration, split)
+    copy: bool = False  # the prompt carries text to transform (a code block, a long quoted passage)
+    objective: str | None = None  # "e2e" or "ttft" from x-specgate-objective; None: the rules file's
+    slo_ttft_ms: float | None = None  # x-specgate-slo-ttft-ms
+    slo_e2e_ms: float | None = None  # x-specgate-slo-e2e-ms
 
 
 class Classifier:
@@ -91,8 +97,12 @@ def extract_features(
     headers: Mapping[str, str],
     rules: RoutingRules,
     classifier: Classifier,
+    draw: float | None = None,
 ) -> RequestFeatures:
-    """Validate and read one request body. ``kind`` is ``"chat"`` or ``"completions"``."""
+    """Validate and read one request body. ``kind`` is ``"chat"`` or ``"completions"``.
+
+    ``draw`` is the request's uniform random number (a fresh one when None; the simulator passes seeded ones).
+    """
     model = body.get("model", "")
     if not isinstance(model, str):
         raise InvalidRequest("'model' must be a string", param="model")
@@ -109,7 +119,50 @@ def extract_features(
         n=_positive_int(body, "n", 1),
         temperature=_temperature(body),
         headers=headers,
+        draw=random.random() if draw is None else draw,
+        copy=has_copy_cue(user),
+        objective=_objective(headers),
+        slo_ttft_ms=_slo(headers, "x-specgate-slo-ttft-ms"),
+        slo_e2e_ms=_slo(headers, "x-specgate-slo-e2e-ms"),
     )
+
+
+_QUOTED = re.compile(r'"[^"\n]{120,}"|“[^”]{120,}”|「[^」]{60,}」|\n>[^\n]{60,}')
+
+
+def has_copy_cue(text: str | None) -> bool:
+    """The prompt carries text the answer may copy from: a code block or a long quoted passage.
+
+    Speculation's gain follows how much of the answer can be copied from the prompt (n-gram and draft
+    models both guess such tokens well), whatever the task is called. A cheap cue; the learner finds out
+    per deployment how much it matters.
+    """
+    if not text:
+        return False
+    head = text[:8000]
+    return "```" in head or _QUOTED.search(head) is not None
+
+
+def _objective(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("x-specgate-objective")
+    if value is None:
+        return None
+    if value not in ("e2e", "ttft"):
+        raise InvalidRequest("header 'x-specgate-objective' must be 'e2e' or 'ttft'", param="x-specgate-objective")
+    return value
+
+
+def _slo(headers: Mapping[str, str], name: str) -> float | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0 < number < 1e9:
+        raise InvalidRequest(f"header '{name}' must be a positive number of milliseconds", param=name)
+    return number
 
 
 def _chat_text(messages: Any) -> tuple[str | None, str | None, int]:

@@ -26,7 +26,7 @@ class Guard:
         self._watcher: asyncio.Task[None] | None = None
         self._writer: DirectBody | None = None
         self.deadline = deadline
-        self.reason: str | None = None  # "disconnect" or "timeout" once fired
+        self.reason: str | None = None  # "disconnect", "timeout" or "shutdown" once fired
 
     def watch_disconnect(self, receive: Receive, writer: DirectBody | None = None) -> None:
         """Fire on client disconnect: told by the server's :class:`DirectBody` when there is one,
@@ -69,7 +69,7 @@ class Guard:
 
     def absorb_cancel(self) -> bool:
         """After a CancelledError: True (and the cancel undone) when this guard caused it."""
-        if self.reason in ("disconnect", "timeout") and self._task is not None:
+        if self.reason in ("disconnect", "timeout", "shutdown") and self._task is not None:
             self._task.uncancel()
             return True
         return False
@@ -95,6 +95,13 @@ class Sweeper:
 
     def __len__(self) -> int:
         return len(self._guards)
+
+    def fire_all(self, reason: str) -> int:
+        """Fire every active guard (the shutdown grace period ran out); returns how many."""
+        guards, self._guards = self._guards, set()
+        for guard in guards:
+            guard.fire(reason)
+        return len(guards)
 
     async def run(self) -> None:
         self._loop = loop = asyncio.get_running_loop()

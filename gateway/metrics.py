@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
+RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.11, 1.25, 1.5, 2.0, 4.0)
 STEP_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
 
 
@@ -56,6 +57,18 @@ class GatewayMetrics:
             ["pool", "replica"],
             registry=registry,
         )
+        self.breaker_state = Gauge(
+            "specgate_replica_breaker_state",
+            "1 for the replica's current circuit-breaker state (closed, open, half_open), 0 for the others.",
+            ["pool", "replica", "state"],
+            registry=registry,
+        )
+        self.breaker_opens = Counter(
+            "specgate_breaker_opens",
+            "Times a replica's circuit breaker opened (failures in a row or error rate from real traffic).",
+            ["pool", "replica"],
+            registry=registry,
+        )
         self.upstream_errors = Counter(
             "specgate_upstream_errors",
             "Failures talking to a replica, by kind (connect, timeout, disconnect).",
@@ -78,6 +91,38 @@ class GatewayMetrics:
             buckets=STEP_BUCKETS,
             registry=registry,
         )
+        self.prediction_ratio = Histogram(
+            "specgate_prediction_ratio",
+            "Observed / predicted latency (the objective's) of requests the learned model routed, per pool.",
+            ["pool"],
+            buckets=RATIO_BUCKETS,
+            registry=registry,
+        )
+        self.predicted = Histogram(
+            "specgate_predicted_latency_seconds",
+            "The learned model's predicted latency (the objective's) for the pool it chose.",
+            ["pool"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.explored = Counter(
+            "specgate_explored_requests",
+            "Requests sent to the pool the model did not prefer, to keep its predictions current.",
+            ["pool"],
+            registry=registry,
+        )
+        self.model_warm = Gauge(
+            "specgate_model_warm", "1 when the learned model decides (`fastest`), 0 while it warms up.",
+            registry=registry,
+        )  # fmt: skip
+        self.model_samples = Gauge(
+            "specgate_model_samples", "Effective samples the learned model holds per pool (decayed).", ["pool"],
+            registry=registry,
+        )  # fmt: skip
+        self.model_age = Gauge(
+            "specgate_model_age_seconds", "Seconds since the learned model last took in a finished request.",
+            registry=registry,
+        )  # fmt: skip
         self.rule_reloads.labels("ok")
         self.rule_reloads.labels("rejected")
         # Children the hot path uses, looked up once instead of per request.

@@ -210,15 +210,22 @@ class PassthroughRelay(_Relay):
         tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
         self.booking = replica.book(tokens)
         try:
-            return await self._attempt(replica, body)
+            opened = await self._attempt(replica, body)
         except asyncio.CancelledError:
             if guard.reason != "timeout" or not guard.absorb_cancel():
                 raise
             self._count_error("timeout")
+            replica.breaker.failure()
             raise UpstreamTimeout(f"no response from {replica.url} in time") from None
         except UpstreamError as exc:
             self._count_error("connect" if isinstance(exc, UpstreamConnectError) else "upstream")
+            replica.breaker.failure()
             raise
+        if opened[0].status >= 500:
+            replica.breaker.failure()
+        else:
+            replica.breaker.success()
+        return opened
 
     def _record(self) -> None:
         if self.features is NO_FEATURES:

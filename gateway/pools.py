@@ -1,7 +1,8 @@
 """Replicas grouped in pools: least-outstanding-work picking, bookings, and health state.
 
 A :class:`Booking` is taken at dispatch and released exactly once (end of stream, error or client
-disconnect); health checks change ``healthy`` and never touch bookings.
+disconnect); health checks change ``healthy`` and never touch bookings. A replica takes traffic while it is
+healthy and its circuit breaker (``gateway/breaker.py``, fed by the proxy's outcomes) admits requests.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from gateway.breaker import OPEN, STATES, BreakerPolicy, CircuitBreaker
 from gateway.errors import NoHealthyBackend
 from gateway.metrics import GatewayMetrics
 from gateway.snapshot import POOL_NAMES, PoolSnapshot, other_pool
@@ -25,7 +27,9 @@ class Replica:
     booked_tokens: int = 0
     inflight: int = 0
     models: tuple[str, ...] = ()
+    policy: BreakerPolicy = field(default_factory=BreakerPolicy)
     host: str = field(init=False)
+    breaker: CircuitBreaker = field(init=False)
 
     def __post_init__(self) -> None:
         self.host = urlsplit(self.url).netloc
@@ -33,6 +37,16 @@ class Replica:
         self._booked_gauge = self.metrics.booked_tokens.labels(self.pool, self.url)
         self._healthy_gauge = self.metrics.replica_healthy.labels(self.pool, self.url)
         self._healthy_gauge.set(1 if self.healthy else 0)
+        self._breaker_gauges = {s: self.metrics.breaker_state.labels(self.pool, self.url, s) for s in STATES}
+        self._breaker_opens = self.metrics.breaker_opens.labels(self.pool, self.url)
+        self.breaker = CircuitBreaker(self.policy, self._breaker_changed)
+        self._breaker_changed(self.breaker.state)
+
+    def _breaker_changed(self, state: str) -> None:
+        for name, gauge in self._breaker_gauges.items():
+            gauge.set(1 if name == state else 0)
+        if state == OPEN:
+            self._breaker_opens.inc()
 
     def set_healthy(self, healthy: bool) -> None:
         self.healthy = healthy
@@ -43,9 +57,11 @@ class Replica:
         self.inflight += 1
         self._booked_gauge.set(self.booked_tokens)
         self._inflight_gauge.set(self.inflight)
-        return Booking(self, tokens)
+        return Booking(self, tokens, self.breaker.dispatched())
 
-    def _unbook(self, tokens: int) -> None:
+    def _unbook(self, tokens: int, probe: bool) -> None:
+        if probe:
+            self.breaker.probe_ended()
         self.booked_tokens -= tokens
         self.inflight -= 1
         self._booked_gauge.set(self.booked_tokens)
@@ -55,17 +71,18 @@ class Replica:
 class Booking:
     """Load booked on one replica; ``release`` is idempotent so every exit path may call it."""
 
-    __slots__ = ("released", "replica", "tokens")
+    __slots__ = ("probe", "released", "replica", "tokens")
 
-    def __init__(self, replica: Replica, tokens: int) -> None:
+    def __init__(self, replica: Replica, tokens: int, probe: bool = False) -> None:
         self.replica = replica
         self.tokens = tokens
+        self.probe = probe  # the half-open breaker's one trial request
         self.released = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self.replica._unbook(self.tokens)
+            self.replica._unbook(self.tokens, self.probe)
 
 
 class Pool:
@@ -75,23 +92,26 @@ class Pool:
         self._rng = rng
 
     def pick(self, exclude: frozenset[Replica] = frozenset()) -> Replica | None:
-        """Power of two choices on booked tokens among healthy replicas not excluded."""
-        candidates = [r for r in self.replicas if r.healthy and r not in exclude]
+        """Power of two choices on booked tokens among healthy replicas not excluded whose breaker admits."""
+        candidates = [r for r in self.replicas if r.healthy and r.breaker.admits and r not in exclude]
         if len(candidates) <= 1:
             return candidates[0] if candidates else None
         a, b = self._rng.sample(candidates, 2)
         return a if a.booked_tokens <= b.booked_tokens else b
 
     def snapshot_counts(self) -> tuple[int, int]:
-        return sum(1 for r in self.replicas if r.healthy), len(self.replicas)
+        return sum(1 for r in self.replicas if r.healthy and r.breaker.state != OPEN), len(self.replicas)
 
 
 class PoolSet:
     """Both pools, built from replica URLs; replicas can be swapped on reload without losing bookings."""
 
-    def __init__(self, metrics: GatewayMetrics, rng: random.Random | None = None) -> None:
+    def __init__(
+        self, metrics: GatewayMetrics, rng: random.Random | None = None, breaker: BreakerPolicy | None = None
+    ) -> None:
         self._metrics = metrics
         self._rng = rng or random.Random()
+        self._breaker = breaker or BreakerPolicy()
         self.pools: dict[str, Pool] = {name: Pool(name, [], self._rng) for name in POOL_NAMES}
 
     def configure(self, urls: Mapping[str, Iterable[str]]) -> None:
@@ -99,15 +119,16 @@ class PoolSet:
         for name in POOL_NAMES:
             known = {r.url: r for r in self.pools[name].replicas}
             wanted = list(dict.fromkeys(urls.get(name, ())))
-            replicas = [known.get(url) or Replica(url, name, self._metrics) for url in wanted]
+            replicas = [known.get(url) or Replica(url, name, self._metrics, policy=self._breaker) for url in wanted]
             self.pools[name] = Pool(name, replicas, self._rng)
 
     def replicas(self) -> list[Replica]:
         return [r for pool in self.pools.values() for r in pool.replicas]
 
     def acquire(self, pool: str, tokens: int, tried: frozenset[Replica] = frozenset()) -> Booking:
-        """Book the best replica in ``pool``; raise :class:`NoHealthyBackend` when none is left."""
-        replica = self.pools[pool].pick(tried)
+        """Book the best replica in ``pool``, else in the other pool (the snapshot the decision read may be
+        older than a breaker that just opened); raise :class:`NoHealthyBackend` when none is left."""
+        replica = self.pools[pool].pick(tried) or self.pools[other_pool(pool)].pick(tried)
         if replica is None:
             raise NoHealthyBackend(f"no healthy replica in the {pool} pool")
         return replica.book(tokens)
@@ -124,11 +145,31 @@ class PoolSet:
         result = {}
         for name, pool in self.pools.items():
             healthy, total = pool.snapshot_counts()
-            result[name] = PoolSnapshot(name=name, healthy_replicas=healthy, total_replicas=total)
+            inflight = sum(r.inflight for r in pool.replicas)
+            result[name] = PoolSnapshot(
+                name=name, healthy_replicas=healthy, total_replicas=total, inflight=inflight, inflight_base=inflight
+            )
         return result
+
+    def inflight_counts(self) -> dict[str, int]:
+        """This gateway's requests in flight per pool, now."""
+        return {name: sum(r.inflight for r in pool.replicas) for name, pool in self.pools.items()}
 
     def models(self) -> list[str]:
         return sorted({m for r in self.replicas() for m in r.models})
 
+    def tick_breakers(self) -> None:
+        """Rotate the breakers' windows; open ones whose cool-down is over go half-open (off the request path)."""
+        for replica in self.replicas():
+            replica.breaker.tick()
+
     def total_booked(self) -> int:
         return sum(r.booked_tokens for r in self.replicas())
+
+
+def replica_states(pools: PoolSet) -> list[dict[str, object]]:
+    """Each replica's health-check result and breaker state, for ``/ready``."""
+    return [
+        {"pool": r.pool, "url": r.url, "healthy": r.healthy, "breaker": r.breaker.state, "inflight": r.inflight}
+        for r in pools.replicas()
+    ]

@@ -20,6 +20,7 @@ from gateway.errors import (
     BodyTooLarge,
     GatewayError,
     MalformedJSON,
+    ShuttingDown,
     UpstreamConnectError,
     UpstreamError,
     UpstreamTimeout,
@@ -34,6 +35,7 @@ from gateway.upstream import DROP_REQUEST, RawHeaders, UpstreamResponse
 
 ChunkReader = Callable[[], Awaitable[bytes]]
 _USAGE_KEY = b'"completion_tokens":'
+_ACCEPTANCE_KEY = b'"mean_acceptance_length":'
 _STREAM_HEADERS: RawHeaders = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 
 
@@ -63,7 +65,7 @@ class ProxyRoute:
         await relay.run(body, receive, send, direct_body(scope))
 
     def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:
-        return self.route_payload(parse_json_object(body), headers, self.state.snapshot)
+        return self.route_payload(parse_json_object(body), headers, self.state.current_snapshot())
 
     def route_payload(
         self, payload: dict[str, Any], headers: dict[str, str], snapshot: Snapshot
@@ -97,6 +99,7 @@ class _Relay:
         self.started = started
         self.pool = decision.pool
         self.reason = decision.reason
+        self.objective = features.objective or state.ruleset.rules.objective
         self.status = 0
         self.ttft: float | None = None
         self.tokens = 0
@@ -105,6 +108,7 @@ class _Relay:
         # Per-stream relay state, updated for every chunk (also from the direct sink, outside any task).
         self.events = 0
         self.usage: int | None = None
+        self.acceptance: float | None = None  # vLLM's per-request mean acceptance length, when it reports one
         self._guard: Guard | None = None
         self._writer: DirectBody | None = None
 
@@ -120,8 +124,12 @@ class _Relay:
                 raise
             if guard.reason == "disconnect":
                 self.status = 499
+            elif guard.reason == "shutdown":  # the grace period ran out: end with an error, not a cut
+                await self._fail(send, ShuttingDown("the gateway is shutting down; retry the request"))
             else:
                 self._count_error("timeout")
+                if self.ttft is not None and self.booking is not None:
+                    self.booking.replica.breaker.failure()  # idle deadline: the replica stopped mid-stream
                 await self._fail(send, UpstreamTimeout("the upstream stopped sending"))
         except GatewayError as exc:
             await self._fail(send, exc)
@@ -136,10 +144,18 @@ class _Relay:
         pools = self.state.pools
         tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
         self.booking = pools.acquire(self.pool, tokens)
+        if self.booking.replica.pool != self.pool:  # the decision's snapshot predates a breaker or health change
+            self.pool = self.booking.replica.pool
+            self.reason = f"{self.reason}; fallback: {self.pool}"
         while True:
             replica = self.booking.replica
             try:
-                return await self._attempt(replica, body)
+                opened = await self._attempt(replica, body)
+                if opened[0].status >= 500:
+                    replica.breaker.failure()
+                else:
+                    replica.breaker.success()
+                return opened
             except asyncio.CancelledError:
                 if guard.reason != "timeout" or not guard.absorb_cancel():
                     raise
@@ -150,6 +166,7 @@ class _Relay:
                 self._count_error("connect" if isinstance(exc, UpstreamConnectError) else "upstream")
                 if isinstance(exc, UpstreamConnectError):
                     replica.set_healthy(False)
+            replica.breaker.failure()
             self.booking.release()
             if self.retried:
                 raise error
@@ -186,6 +203,9 @@ class _Relay:
             await self._send_head(send, response.status, headers, first, more_body=False)
             self.ttft = time.perf_counter() - self.started
             self.tokens = _usage_tokens(first, self.usage_key) or 0
+            self.usage = self.tokens or None
+            if _ACCEPTANCE_KEY in first:
+                self.acceptance = _number_after(first, _ACCEPTANCE_KEY)
             return
         await self._send_head(send, response.status, headers + _STREAM_HEADERS, first, more_body=True)
         self.ttft = time.perf_counter() - self.started
@@ -205,6 +225,9 @@ class _Relay:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     self._count(chunk)
         except response.read_errors as exc:
+            self._count_error("disconnect")
+            if self.booking is not None:
+                self.booking.replica.breaker.failure()
             raise UpstreamError(f"upstream broke off the stream: {exc}") from exc
         finally:
             await response.close()
@@ -235,6 +258,8 @@ class _Relay:
         self.events += chunk.count(b"data: ")
         if self.usage_key in chunk:
             self.usage = _usage_tokens(chunk, self.usage_key)
+            if _ACCEPTANCE_KEY in chunk:
+                self.acceptance = _number_after(chunk, _ACCEPTANCE_KEY)
 
     async def _fail(self, send: Send, exc: GatewayError) -> None:
         if self.ttft is None:
@@ -246,11 +271,15 @@ class _Relay:
         await send({"type": "http.response.body", "body": event, "more_body": False})
 
     def _route_headers(self) -> RawHeaders:
-        return [
+        headers = [
             (b"x-specgate-pool", self.pool.encode()),
             (b"x-specgate-reason", self.reason.encode("latin-1", "replace")),
             (b"x-specgate-task", self.features.task.encode("latin-1", "replace")),
         ]
+        predicted = self.decision.predicted
+        if predicted is not None and predicted.pool == self.pool:
+            headers.append((b"x-specgate-predicted-ms", b"%.0f" % (predicted.value(self.objective) * 1000)))
+        return headers
 
     def _count_error(self, kind: str) -> None:
         replica = self.booking.replica if self.booking is not None else None
@@ -265,6 +294,9 @@ class _Relay:
         total = time.perf_counter() - self.started
         tpot = (total - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
         metrics.observe_latency(self.pool, self.ttft, total, tpot)
+        if self.decision.learning and self.pool == self.decision.pool:  # a retry ran at a load nobody saw
+            self.state.learn(self.features, self.decision, self.ttft, total, self.tokens, self.objective,
+                             counted=self.usage is not None, acceptance=self.acceptance)  # fmt: skip
 
 
 def _is_event_stream(headers: RawHeaders) -> bool:
@@ -281,6 +313,19 @@ def _usage_tokens(chunk: bytes, key: bytes = _USAGE_KEY) -> int | None:
     while end < len(digits) and 48 <= digits[end] <= 57:
         end += 1
     return int(digits[:end]) if end else None
+
+
+def _number_after(chunk: bytes, key: bytes) -> float | None:
+    """The JSON number after the last ``key`` in ``chunk`` (a byte search, no parse)."""
+    at = chunk.rfind(key) + len(key)
+    text = chunk[at : at + 24].lstrip()
+    end = 0
+    while end < len(text) and text[end] in b"0123456789.eE+-":
+        end += 1
+    try:
+        return float(text[:end])
+    except ValueError:
+        return None
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:

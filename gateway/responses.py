@@ -9,6 +9,7 @@ to the replica holding it, since vLLM keeps it in that server's memory.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +19,16 @@ from starlette.types import Receive, Scope, Send
 from gateway.decide import Decision, decide
 from gateway.direct import direct_body
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.features import Classifier, RequestFeatures, _optional, _temperature, estimate_tokens
+from gateway.features import (
+    Classifier,
+    RequestFeatures,
+    _objective,
+    _optional,
+    _slo,
+    _temperature,
+    estimate_tokens,
+    has_copy_cue,
+)
 from gateway.guard import Guard
 from gateway.passthrough import PassthroughRelay, find_replica
 from gateway.pools import Replica
@@ -34,9 +44,14 @@ _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 
 def responses_features(
-    body: Mapping[str, Any], headers: Mapping[str, str], rules: RoutingRules, classifier: Classifier
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    rules: RoutingRules,
+    classifier: Classifier,
+    draw: float | None = None,
 ) -> RequestFeatures:
-    """Validate and read a Responses API body; a bad field is a 400 naming it."""
+    """Validate and read a Responses API body; a bad field is a 400 naming it. The headers' fields
+    (objective, SLOs) and the draw are read as :func:`gateway.features.extract_features` reads them."""
     model = body.get("model", "")
     if not isinstance(model, str):
         raise InvalidRequest("'model' must be a string", param="model")
@@ -60,6 +75,11 @@ def responses_features(
         n=1,
         temperature=_temperature(body),
         headers=headers,
+        draw=random.random() if draw is None else draw,
+        copy=has_copy_cue(user),
+        objective=_objective(headers),
+        slo_ttft_ms=_slo(headers, "x-specgate-slo-ttft-ms"),
+        slo_e2e_ms=_slo(headers, "x-specgate-slo-e2e-ms"),
     )
 
 
@@ -155,7 +175,7 @@ class ResponsesRoute:
         try:
             body = await read_body(receive, headers, state.settings.max_body_bytes)
             payload = parse_json_object(body)
-            features, decision = self.route_payload(payload, headers, state.snapshot)
+            features, decision = self.route_payload(payload, headers, state.current_snapshot())
             pinned = await self._conversation_owner(payload)
         except GatewayError as exc:
             await send_error(send, exc)

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gateway.errors import RulesError
 
 PoolName = Literal["standard", "speculative"]
+PoolTarget = Literal["standard", "speculative", "fastest"]  # fastest: the pool the learned model predicts faster
+Objective = Literal["e2e", "ttft"]
 Scalar = float | int | bool | str
 
 _RULE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
@@ -161,7 +163,7 @@ class Rule(_Strict):
     name: str = Field(pattern=_RULE_NAME, max_length=64)
     description: str = ""
     when: When = Field(default_factory=When)
-    pool: PoolName
+    pool: PoolTarget
 
 
 class TaskCues(_Strict):
@@ -199,6 +201,19 @@ class Defaults(_Strict):
     classify_chars: int = Field(default=4000, ge=100)
 
 
+class AdaptiveConfig(_Strict):
+    """How the ``fastest`` target learns and chooses (see gateway/adaptive/ and docs/adaptive.md)."""
+
+    min_samples: int = Field(default=20, ge=1, description="finished requests per pool before `fastest` decides")
+    min_cell_samples: float = Field(default=3.0, ge=0, description="below this a prediction counts as uncertain")
+    explore_share: float = Field(default=0.02, ge=0, le=0.2, description="most requests sent to the other pool")
+    stale_s: float = Field(default=120.0, gt=0, description="a pool unobserved this long is explored")
+    learning_rate: float = Field(default=0.05, gt=0, le=1, description="forgetting: the smallest step of a cell")
+    split_temperature: float = Field(default=0.05, gt=0, le=1, description="softness of the split near balance")
+    externality: float = Field(default=1.0, ge=0, le=4, description="weight of the delay a request adds to others")
+    warmup_pool: PoolName = Field(default="standard", description="`default_pool: fastest` while warming up")
+
+
 class RoutingRules(_Strict):
     version: Literal[1] = 1
     pools: dict[PoolName, PoolConfig] = Field(default_factory=dict)
@@ -206,7 +221,14 @@ class RoutingRules(_Strict):
     defaults: Defaults = Field(default_factory=Defaults)
     tasks: dict[str, TaskCues] = Field(default_factory=dict)
     rules: tuple[Rule, ...] = ()
-    default_pool: PoolName = "standard"
+    default_pool: PoolTarget = "standard"
+    objective: Objective = "e2e"  # what `fastest` minimises: end-to-end latency or time to first token
+    adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
+
+    @cached_property
+    def uses_fastest(self) -> bool:
+        """Whether any rule (or the default) routes by the learned model: only then does the gateway learn."""
+        return self.default_pool == "fastest" or any(rule.pool == "fastest" for rule in self.rules)
 
     @model_validator(mode="after")
     def _consistent(self) -> RoutingRules:
@@ -273,8 +295,17 @@ def default_rules_path() -> Path:
 
 
 def default_rules() -> RoutingRules:
-    """The shipped reference policy (gateway/rules.yaml)."""
+    """The shipped policy (gateway/rules.yaml): pins, then `fastest`, with the reference rules to warm up."""
     return load_rules(default_rules_path())
+
+
+def reference_rules_path() -> Path:
+    return Path(str(resources.files("gateway") / "rules-reference.yaml"))
+
+
+def reference_rules() -> RoutingRules:
+    """The static reference policy (gateway/rules-reference.yaml): the baseline every benchmark compares to."""
+    return load_rules(reference_rules_path())
 
 
 def format_validation_error(exc: ValidationError) -> list[str]:

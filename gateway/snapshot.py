@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from gateway.adaptive.model import LatencyModel
+
 STANDARD = "standard"
 SPECULATIVE = "speculative"
 POOL_NAMES: tuple[str, str] = (STANDARD, SPECULATIVE)
@@ -34,6 +36,8 @@ class PoolSnapshot:
     acceptance_rate: float | None = None  # accepted draft tokens / proposed draft tokens, recent window
     acceptance_length: float | None = None  # mean tokens emitted per draft step (1 + accepted per draft)
     stats_age_s: float | None = None  # seconds since the engine stats were scraped
+    inflight: int = 0  # this gateway's own requests on the pool now (fresh per request)
+    inflight_base: int = 0  # ... when the snapshot was built (the engine stats are at least that old)
 
     @property
     def available(self) -> bool:
@@ -53,7 +57,31 @@ class Snapshot:
     qps_age_s: float | None = None
     signals: Mapping[str, float] = field(default_factory=lambda: _EMPTY)  # named Prometheus signals
     signal_ages_s: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    model: LatencyModel | None = None  # the learned latency model (gateway.adaptive), None until learning
+    gateways: int = 1  # gateway replicas sharing the pools (from the shared store), for load estimates
+    inflight_now: Mapping[str, int] | None = None  # this gateway's in-flight counts at decision time, when fresher
 
     def pool(self, name: str) -> PoolSnapshot:
         found = self.pools.get(name)
         return found if found is not None else PoolSnapshot(name=name)
+
+    def with_inflight(self, counts: Mapping[str, int]) -> Snapshot:
+        """The same snapshot with this gateway's in-flight counts as of now (fresher than any scrape).
+        (The constructor, not ``dataclasses.replace``: this runs per request, and replace costs ~4x more.)"""
+        return Snapshot(
+            self.pools, self.qps, self.qps_source, self.qps_age_s, self.signals, self.signal_ages_s, self.model,
+            self.gateways, counts,
+        )  # fmt: skip
+
+
+def pool_load(snapshot: Snapshot, name: str) -> float:
+    """Requests on a pool as this gateway can best tell: the engines' running + waiting as last scraped,
+    plus what this gateway (and, scaled by their count, the other replicas) sent since then; never less
+    than this gateway's own in-flight requests. Without engine stats, the own in-flight count."""
+    pool = snapshot.pool(name)
+    fresh = snapshot.inflight_now
+    inflight = pool.inflight if fresh is None else fresh.get(name, 0)
+    if pool.running is None:
+        return float(inflight)
+    engine = pool.running + (pool.waiting or 0.0)
+    return max(float(inflight), engine + snapshot.gateways * (inflight - pool.inflight_base))

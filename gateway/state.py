@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -12,9 +13,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from gateway.adaptive.learner import Learner, Observation
+from gateway.adaptive.model import LatencyModel, segment_of
+from gateway.adaptive.policy import is_warm
+from gateway.adaptive.shared import ModelSync
+from gateway.breaker import breaker_policy
 from gateway.config import Settings
+from gateway.decide import Decision
 from gateway.errors import UnknownModel
-from gateway.features import Classifier
+from gateway.features import Classifier, RequestFeatures
 from gateway.guard import Sweeper
 from gateway.health import HealthChecker
 from gateway.metrics import GatewayMetrics
@@ -23,7 +30,7 @@ from gateway.qps import LocalQps
 from gateway.rules import RoutingRules, default_rules, load_rules
 from gateway.signals.engine_poller import ScrapeTarget
 from gateway.signals.hub import SignalHub
-from gateway.snapshot import Snapshot
+from gateway.snapshot import POOL_NAMES, Snapshot
 from gateway.upstream import Upstream, make_upstream
 
 log = logging.getLogger("specgate")
@@ -42,18 +49,24 @@ class GatewayState:
     def __init__(self, settings: Settings, registry: CollectorRegistry, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
-        self.pools = PoolSet(self.metrics, rng)
+        self.pools = PoolSet(self.metrics, rng, breaker_policy(settings))
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
+        self.learner = Learner()
+        self.warm_after: int | None = None  # finished requests the model had taken in when it first decided
         self.ruleset = self._build_ruleset(self.read_rules())
         self.pool_models: frozenset[str] = frozenset()
         self.signals = SignalHub(
             settings, targets=self._scrape_targets, local_qps=lambda: self.qps.rate(time.monotonic()), registry=registry
         )
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
+        self.model_sync = (
+            ModelSync(self.learner, self.signals.store, settings.model_ttl_s) if settings.redis_url else None
+        )
         self.health_rounds = 0
+        self.draining = False  # set on SIGTERM (gateway/shutdown.py): /ready answers 503
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- rules ---------------------------------------------------------------------------------------
@@ -64,6 +77,7 @@ class GatewayState:
     def _build_ruleset(self, rules: RoutingRules) -> RuleSet:
         rules = rules.with_replicas(self.settings.standard_urls, self.settings.speculative_urls)
         self.pools.configure({name: pool.replicas for name, pool in rules.pools.items()})
+        self.learner.set_learning_rate(rules.adaptive.learning_rate)
         return RuleSet(rules, Classifier(rules), frozenset(rules.models))
 
     def apply_rules(self, rules: RoutingRules) -> None:
@@ -79,7 +93,66 @@ class GatewayState:
     # -- snapshot ------------------------------------------------------------------------------------
     def refresh_snapshot(self) -> None:
         self.pool_models = frozenset(self.pools.models())
-        self.snapshot = self.signals.build_snapshot(self.pools.pool_snapshots())
+        snapshot = self.signals.build_snapshot(self.pools.pool_snapshots())
+        if self.ruleset.rules.uses_fastest:
+            now = time.monotonic()
+            model = self.learner.model(now)
+            snapshot = dataclasses.replace(snapshot, model=model)
+            self._export_model(snapshot, model, now)
+        self.snapshot = snapshot
+
+    def _export_model(self, snapshot: Snapshot, model: LatencyModel, now: float) -> None:
+        metrics = self.metrics
+        warm = is_warm(snapshot, self.ruleset.rules.adaptive)
+        metrics.model_warm.set(1 if warm else 0)
+        if warm and self.warm_after is None:
+            self.warm_after = model.version
+        last = [p.last_observed_s for p in model.pools.values() if p.last_observed_s is not None]
+        if last:
+            metrics.model_age.set(now - max(last))
+        for pool in POOL_NAMES:
+            metrics.model_samples.labels(pool).set(model.samples(pool))
+
+    def current_snapshot(self) -> Snapshot:
+        """The snapshot for a decision now: with the learned model, this gateway's in-flight counts are
+        taken fresh (the model predicts from load, and a scrape is up to a second old)."""
+        snapshot = self.snapshot
+        if snapshot.model is None:
+            return snapshot
+        return snapshot.with_inflight(self.pools.inflight_counts())
+
+    def learn(
+        self, features: RequestFeatures, decision: Decision, ttft: float, total: float, tokens: int, objective: str,
+        *, counted: bool = True, acceptance: float | None = None,
+    ) -> None:  # fmt: skip
+        """One finished request's outcome: folded into the learner at once (decisions see it from the next
+        snapshot on), and the prediction it was routed by checked against what happened.
+
+        ``counted`` is False when a stream carried no usage and ``tokens`` counts its events: vLLM sends one
+        event per engine step, and a speculative step emits the pool's mean acceptance length in tokens.
+        """
+        segment = segment_of(features.task, features.copy)
+        first = ttft if features.stream else None  # a whole reply's first byte is its last
+        if not counted:
+            per_event = (
+                acceptance
+                or self.learner.acceptance_length(decision.pool, segment)
+                or self.snapshot.pool(decision.pool).acceptance_length
+                or 1.0
+            )
+            tokens = round(1 + max(tokens - 1, 0) * per_event)
+        self.learner.observe(Observation(
+            decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
+            at_s=time.monotonic(),
+        ))  # fmt: skip
+        predicted = decision.predicted
+        if predicted is not None:
+            value = predicted.value(objective)
+            self.metrics.predicted.labels(decision.pool).observe(value)
+            observed = ttft if objective == "ttft" else total
+            self.metrics.prediction_ratio.labels(decision.pool).observe(observed / value)
+        if decision.explored:
+            self.metrics.explored.labels(decision.pool).inc()
 
     def _scrape_targets(self) -> list[ScrapeTarget]:
         return [ScrapeTarget(r.pool, r.url) for r in self.pools.replicas()]
@@ -91,6 +164,7 @@ class GatewayState:
     async def _snapshot_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.snapshot_interval_s)
+            self.pools.tick_breakers()
             self.refresh_snapshot()
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -106,6 +180,14 @@ class GatewayState:
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")
         self.add_task(self.sweeper.run(), "deadlines")
+        if self.model_sync is not None:
+            self.add_task(self._model_sync_loop(self.model_sync), "model-sync")
+
+    async def _model_sync_loop(self, sync: ModelSync) -> None:
+        while True:
+            if self.ruleset.rules.uses_fastest:
+                await sync.sync(time.time())
+            await asyncio.sleep(self.settings.model_sync_interval_s)
 
     async def stop(self) -> None:
         for task in self._tasks:

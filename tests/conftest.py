@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from gateway.app import SpecgateApp, create_app
 from gateway.bench.fake_upstream import FakeUpstream
 from gateway.config import Settings
+from gateway.rules import reference_rules_path
 from gateway.servers import ThreadServer, free_port
 
 
@@ -79,6 +80,8 @@ def gateway(upstreams: Upstreams) -> Iterator[Callable[..., Gateway]]:
             "health_timeout_s": 0.5,
             "snapshot_interval_s": 0.05,
         }
+        if "rules_file" not in overrides:  # the static reference table: tests of the proxy assert its routing
+            values.update(rules_file=reference_rules_path(), reload_rules=False)
         values.update(overrides)
         registry = CollectorRegistry()
         app = create_app(Settings(_env_file=None, **values), registry)  # type: ignore[call-arg]

@@ -4,12 +4,15 @@ the endpoints beyond chat: two replicas per pool, so that "the replica that crea
 from __future__ import annotations
 
 import random
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from openai import OpenAI
 from prometheus_client import CollectorRegistry
 
@@ -21,6 +24,7 @@ from gateway.servers import ThreadServer
 from tests.conftest import wait_for
 
 SPEED = 50.0
+SHIPPED_RULES = Path(__file__).parents[1] / "gateway" / "rules.yaml"
 
 
 @dataclass
@@ -62,9 +66,23 @@ def start_pools(stack: ExitStack, replicas: int = 2) -> EmulatedPools:
     )
 
 
+def static_rules(stack: ExitStack) -> Path:
+    """The shipped rules without the learned rule: these tests check what the decider reads from a request,
+    which a model that warms up during the module would change under them."""
+    rules = yaml.safe_load(SHIPPED_RULES.read_text(encoding="utf-8"))
+    rules["rules"] = [rule for rule in rules["rules"] if rule.get("pool") != "fastest"]
+    folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+    path = folder / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules, allow_unicode=True), encoding="utf-8")
+    return path
+
+
 def gateway_starter(stack: ExitStack, pools: EmulatedPools) -> Callable[..., EmulatedGateway]:
+    rules_file = static_rules(stack)
+
     def start(**overrides: Any) -> EmulatedGateway:
         values: dict[str, Any] = {
+            "rules_file": rules_file,
             "standard_urls": [url for url, _ in pools.standard],
             "speculative_urls": [url for url, _ in pools.speculative],
             "health_interval_s": 0.2,

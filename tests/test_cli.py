@@ -38,7 +38,7 @@ def _check_quick_start(url: str) -> None:
 
 def test_serve_rejects_an_invalid_rules_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "rules.yaml"
-    bad.write_text("default_pool: fastest\n")
+    bad.write_text("default_pool: slowest\n")
     assert main(["serve", "--rules", str(bad)]) == 2
     assert "default_pool" in capsys.readouterr().err
 

@@ -4,10 +4,10 @@ import pytest
 
 from gateway.decide import decide
 from gateway.features import RequestFeatures
-from gateway.rules import default_rules, parse_rules
+from gateway.rules import parse_rules, reference_rules
 from gateway.snapshot import SPECULATIVE, STANDARD, PoolSnapshot, Snapshot
 
-RULES = default_rules()
+RULES = reference_rules()  # the static table; the shipped rules.yaml's `fastest` is in tests/adaptive
 
 
 def feats(max_tokens: int = 256, task: str = "chat", headers: dict[str, str] | None = None) -> RequestFeatures:

@@ -171,3 +171,52 @@ def test_requests_leave_no_reference_cycles(
     per_request = ("gateway.", "uvicorn.protocols.", "httptools.")
     ours = [o for o in saved_garbage() if type(o).__module__.startswith(per_request)]
     assert not ours, sorted({type(o).__qualname__ for o in ours})
+
+
+@pytest.mark.parametrize(
+    ("missing", "internals"),
+    [
+        ("chunked_encoding_v2", "CYCLE_INTERNALS"),  # as if uvicorn renamed a cycle attribute
+        ("write_paused_v2", "FLOW_INTERNALS"),  # or its flow control's
+    ],
+)
+def test_missing_uvicorn_internals_fall_back_to_plain_send_with_one_log_line(
+    gateway: StartGateway,
+    direct_calls: dict[str, int],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    missing: str,
+    internals: str,
+) -> None:
+    import gateway.direct as direct
+
+    monkeypatch.setattr(direct, internals, (*getattr(direct, internals), missing))
+    monkeypatch.setattr(direct.DirectBodyProtocol, "compatible", None)  # checked again at the next request
+    gw = gateway()
+    with caplog.at_level("WARNING", logger="specgate.direct"), httpx.Client(base_url=gw.url, timeout=10) as client:
+        for _ in range(3):
+            r = client.post("/v1/chat/completions", json=stream_body(), headers=PACED)
+            assert r.status_code == 200
+            assert event_indices(r.text.splitlines()) == list(range(32)) and r.text.endswith("data: [DONE]\n\n")
+    assert direct_calls["write"] == 0  # every chunk went through ASGI send
+    assert direct.DirectBodyProtocol.compatible is False
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "specgate.direct"]
+    assert len(lines) == 1 and missing in lines[0] and "plain ASGI send" in lines[0]
+
+
+def test_the_internals_the_fast_path_uses_are_all_there() -> None:
+    """The pinned uvicorn has everything: a newer one that drops something fails here first."""
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    import gateway.direct as direct
+
+    class FakeFlow:
+        write_paused = False
+
+        async def drain(self) -> None: ...
+
+    cycle = object.__new__(RequestResponseCycle)
+    for name in direct.CYCLE_INTERNALS:
+        setattr(cycle, name, FakeFlow() if name == "flow" else None)
+    assert direct.missing_internals(cycle) == []
+    assert set(direct.CYCLE_INTERNALS) <= set(RequestResponseCycle.__init__.__code__.co_names)

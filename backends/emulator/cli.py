@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from backends.emulator.profiles import shipped_profiles
+from backends.emulator.scenarios import LOAD_SHARES, SCENARIOS
+
+if TYPE_CHECKING:
+    from backends.emulator.profiles import Profile
+    from backends.emulator.simulate import PolicySet
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -91,48 +99,102 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser = subparsers.add_parser(
         "simulate", help="evaluate routing policies in virtual time against emulated pools (figures are emulated)"
     )
-    parser.add_argument("--profile", default="a100-70b-draft", help="shipped profile or YAML path")
-    parser.add_argument("--qps", default="2,8,16,24,32,40", help="comma-separated load levels (requests/s)")
-    parser.add_argument("--duration", type=float, default=120.0, help="virtual seconds of arrivals per level")
-    parser.add_argument("--warmup", type=float, default=10.0, help="virtual seconds left out of the results")
+    parser.add_argument("--profile", default="a100-70b-draft", help="shipped profile, YAML path, or 'all'")
+    parser.add_argument(
+        "--loads", default=",".join(f"{s:g}" for s in LOAD_SHARES),
+        help="comma-separated load levels as shares of one pool's capacity (default 0.1 .. 1.5)",
+    )  # fmt: skip
+    parser.add_argument("--qps", help="comma-separated load levels in requests/s (instead of --loads)")
+    parser.add_argument("--duration", type=float, default=90.0, help="virtual seconds of arrivals per level")
+    parser.add_argument("--warmup", type=float, default=10.0, help="virtual seconds left out of the level tables")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rules", type=Path, help="rules file for the 'rules' policy (default: shipped)")
-    parser.add_argument("--plot", type=Path, help="write a PNG of mean and p95 latency against QPS")
+    parser.add_argument("--scenarios", default="ramp,mix-shift,drift", help="scenarios to run ('' for none)")
+    parser.add_argument("--scenario-load", type=float, default=0.7, help="(peak) load share of the scenarios")
+    parser.add_argument("--scenario-duration", type=float, default=240.0, help="virtual seconds per scenario")
+    parser.add_argument("--replicas", type=int, default=1, help="engines per pool")
+    parser.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between engine-stat scrapes")
+    parser.add_argument("--rules", type=Path, help="the reference policy (default gateway/rules-reference.yaml)")
+    parser.add_argument("--adaptive-rules", type=Path, help="the adaptive policy (default: the shipped rules)")
+    parser.add_argument("--plot", type=Path, help="write PNGs of latency against load and the learning curves")
+    parser.add_argument("--json", type=Path, help="write the figures as JSON")
     parser.set_defaults(func=_run_simulate)
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-
-    from backends.emulator.profiles import ProfileError, load_profile
-    from backends.emulator.report import level_table, plot_levels
-    from backends.emulator.simulate import simulate_level
-    from backends.workloads.loader import load_workload
+    from backends.emulator.profiles import ProfileError, load_profile, shipped_profiles
+    from backends.emulator.simulate import PolicySet
     from gateway.errors import RulesError
-    from gateway.rules import default_rules, load_rules
+    from gateway.rules import default_rules, load_rules, reference_rules
 
     console = _console()
     try:
-        profile = load_profile(args.profile)
-        rules = load_rules(args.rules) if args.rules else default_rules()
-        levels = [float(value) for value in args.qps.split(",") if value.strip()]
+        names = shipped_profiles() if args.profile == "all" else [args.profile]
+        profiles = [load_profile(name) for name in names]
+        reference = load_rules(args.rules) if args.rules else reference_rules()
+        adaptive = load_rules(args.adaptive_rules) if args.adaptive_rules else default_rules()
+        shares = [float(v) for v in args.loads.split(",") if v.strip()]
+        qps = [float(v) for v in args.qps.split(",") if v.strip()] if args.qps else None
+        scenarios = [v.strip() for v in args.scenarios.split(",") if v.strip()]
     except (ProfileError, ValueError) as exc:
         console.print(f"specgate simulate: {exc}")
         return 2
     except RulesError as exc:
         console.print(f"specgate simulate: invalid rules {exc.source}: {'; '.join(exc.problems)}")
         return 2
-    if not levels or min(levels) <= 0:
-        console.print("specgate simulate: --qps needs positive load levels")
+    unknown = sorted(set(scenarios) - set(SCENARIOS))
+    if unknown or not (qps or shares) or min(qps or shares) <= 0:
+        console.print(f"specgate simulate: positive load levels and scenarios from {', '.join(SCENARIOS)} needed")
         return 2
-    workload = load_workload()
-    results = {}
-    for qps in levels:
-        results[qps] = simulate_level(profile, workload, rules, qps, args.duration, args.seed, args.warmup)
-        console.print(level_table(qps, profile.name, results[qps]))
-    if args.plot:
-        plot_levels(args.plot, profile.name, results)
-        console.print(f"wrote {args.plot} (EMULATED)")
+    if not adaptive.uses_fastest:
+        console.print("specgate simulate: the adaptive rules route nothing to `fastest`; it runs as a fixed policy")
+    policies = PolicySet(reference, adaptive)
+    report = {}
+    for profile in profiles:
+        report[profile.name] = _simulate_profile(console, profile, policies, shares, qps, scenarios, args)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
+        console.print(f"wrote {args.json} (EMULATED)")
     return 0
+
+
+def _simulate_profile(
+    console: Console, profile: Profile, policies: PolicySet, shares: list[float], qps: list[float] | None,
+    scenarios: list[str], args: argparse.Namespace,
+) -> dict[str, object]:  # fmt: skip
+    from backends.emulator.evaluate import check_targets, evaluate_levels, evaluate_scenario
+    from backends.emulator.report import levels_table, plot_evaluation, scenarios_table, targets_table
+    from backends.emulator.scenarios import capacity_qps
+    from backends.workloads.loader import load_workload
+
+    workload = load_workload()
+    capacity = capacity_qps(profile, workload)
+    if qps:
+        shares = [value / capacity for value in qps]
+    options = {"replicas": args.replicas, "scrape_interval_s": args.scrape_interval}
+    levels = evaluate_levels(profile, workload, policies, shares, args.duration, args.seed, warmup_s=args.warmup,
+                             **options)  # fmt: skip
+    console.print(levels_table(profile.name, capacity, levels))
+    runs = [
+        evaluate_scenario(
+            name, profile, workload, policies, args.scenario_load, args.scenario_duration, args.seed, **options
+        )
+        for name in scenarios
+    ]
+    if runs:
+        console.print(scenarios_table(profile.name, runs))
+    targets = check_targets(levels, runs)
+    console.print(targets_table(profile.name, targets))
+    if args.plot:
+        path = args.plot if len(args.profile.split(",")) == 1 and args.profile != "all" else (
+            args.plot.with_name(f"{args.plot.stem}-{profile.name}{args.plot.suffix}"))  # fmt: skip
+        plot_evaluation(path, profile.name, levels, runs)
+        console.print(f"wrote {path} (EMULATED)")
+    return {
+        "capacity_qps": capacity,
+        "levels": [dataclasses.asdict(level) for level in levels],
+        "scenarios": [dataclasses.asdict(run) for run in runs],
+        "targets": [dataclasses.asdict(target) for target in targets],
+    }
 
 
 def register_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -146,8 +208,6 @@ def register_demo(subparsers: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    import dataclasses
-
     from backends.emulator.demo import FULL, QUICK, run_demo
 
     plan = dataclasses.replace(QUICK if args.quick else FULL, seed=args.seed)
@@ -156,7 +216,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 def _console() -> Console:
     console = Console()
-    return console if console.is_terminal else Console(width=max(console.width, 130))
+    return console if console.is_terminal else Console(width=max(console.width, 170))
 
 
 def _positive(text: str) -> float:

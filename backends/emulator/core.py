@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import random
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -27,7 +29,7 @@ from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.profiles import Profile
 from backends.emulator.runner import EngineRunner, Ticket
 from backends.emulator.text import style_for, token_text
-from backends.emulator.timing import Emission, Engine, EngineRequest, TimingModel
+from backends.emulator.timing import Engine, EngineRequest, TimingModel
 from backends.workloads.loader import Workload, WorkloadItem
 
 EMULATED_HEADER = "x-specgate-emulated"
@@ -60,6 +62,7 @@ class Job:
     rid: str
     created: int
     ticket: Ticket
+    spec_k: int = 0  # draft tokens per step on a speculative engine; 0 on a standard one
     store: rio.ResponseStore | None = None  # Responses API: where the finished response is kept
 
 
@@ -103,10 +106,20 @@ class EmulatorCore:
         """Admit a parsed request into the engine."""
         self.ensure_running()
         request, style = self._engine_request(parsed)
+        k = self.engine.model.k if self.config.speculative else 0
         if parsed.kind == rio.RESPONSES:
-            return Job(parsed, style, rio.new_id(), int(time.time()), self.runner.submit(request), self.responses)
+            ticket = self.runner.submit(request)
+            return Job(parsed, style, rio.new_id(), int(time.time()), ticket, k, self.responses)
         rid = f"{'chatcmpl' if parsed.kind == io.CHAT else 'cmpl'}-{uuid.uuid4().hex}"
-        return Job(parsed, style, rid, int(time.time()), self.runner.submit(request))
+        return Job(parsed, style, rid, int(time.time()), self.runner.submit(request), k)
+
+    def drift(self, task: str, acceptance: float) -> int:
+        """From now on, serve the workload's ``task`` prompts at ``acceptance`` (a new draft model, a changed
+        prompt template): drift experiments for tests and demos. Returns how many prompts changed."""
+        changed = {key: dataclasses.replace(item, acceptance=acceptance)
+                   for key, item in self._truth.items() if item.task == task}  # fmt: skip
+        self._truth.update(changed)
+        return len(changed)
 
     def simple(self, path: str, raw: bytes) -> bytes:
         """``POST /tokenize``, ``/detokenize`` or ``/v1/embeddings`` (no engine time: EMULATED shapes only)."""
@@ -175,9 +188,10 @@ class EmulatorCore:
 
 async def full_body(job: Job) -> bytes | None:
     """The whole response once the request finished; ``None`` when it was aborted."""
-    emissions: list[Emission] = []
+    accepted: list[int] = []
     while (emission := await job.ticket.queue.get()) is not None:
-        emissions.append(emission)
+        if emission.drafted:
+            accepted.append(emission.accepted)
         if emission.finished:
             request = job.ticket.request
             text = token_text(job.style, 0, request.generated)
@@ -188,8 +202,18 @@ async def full_body(job: Job) -> bytes | None:
                 body = orjson.dumps(final)
                 job.store.put(job.rid, body)
                 return body
-            return io.full_response(job.parsed, job.rid, job.created, text, request.finish_reason, request.generated)
+            metrics = _metrics(job, accepted)
+            return io.full_response(
+                job.parsed, job.rid, job.created, text, request.finish_reason, request.generated, metrics
+            )
     return None
+
+
+def _metrics(job: Job, accepted: list[int]) -> dict[str, Any] | None:
+    """Per-request speculative metrics, as vLLM reports them with ``--per-request-spec-decode-metrics``
+    (which the shipped speculative manifests turn on); None on a standard engine."""
+    k = job.spec_k
+    return io.spec_decode_metrics(k, accepted) if k else None
 
 
 async def stream_events(job: Job) -> AsyncIterator[bytes]:
@@ -201,7 +225,10 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
     parsed, produced, ticket = job.parsed, 0, job.ticket
     if parsed.kind == io.CHAT:
         yield io.stream_chunk(parsed, job.rid, job.created, None, None, role=True)
+    accepted: list[int] = []
     while (emission := await ticket.queue.get()) is not None:
+        if emission.drafted:
+            accepted.append(emission.accepted)
         text = token_text(job.style, produced, emission.tokens)
         produced += emission.tokens
         finish = ticket.request.finish_reason if emission.finished else None
@@ -209,7 +236,7 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
         if emission.finished:
             break
     if emission is not None and parsed.include_usage:
-        yield io.usage_chunk(parsed, job.rid, job.created, produced)
+        yield io.usage_chunk(parsed, job.rid, job.created, produced, _metrics(job, accepted))
     yield io.DONE
 
 

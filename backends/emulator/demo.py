@@ -1,9 +1,11 @@
 """``specgate demo``: two emulated vLLM pools and the real gateway on loopback, driven with the mixed workload.
 
-Each load level runs three phases on the same arrival schedule: every request pinned to the standard pool,
-every request pinned to the speculative pool (the gateway's ``x-specgate-pool`` header rule), and every
-request routed by the gateway's rules. All latencies are measured by the client through the gateway, and the
-figures are EMULATED (cpu-smollm2 profile at a speed factor; see :data:`FULL`).
+Each load level runs four phases on the same arrival schedule: every request pinned to the standard pool,
+every request pinned to the speculative pool (the gateway's ``x-specgate-pool`` header rule), every request
+routed by the reference rules (a second gateway, ``gateway/rules-reference.yaml``), and every request routed
+by the shipped adaptive policy (``fastest``), which learns from all the traffic it carries, the pinned
+phases included, as it would in a deployment. All latencies are measured by the client through the gateways,
+and the figures are EMULATED (cpu-smollm2 profile at a speed factor; see :data:`FULL`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 
 from backends.workloads.loader import Workload, WorkloadItem
+from gateway.rules import reference_rules_path
 from gateway.servers import free_port
 
-PHASES = ("standard", "speculative", "routed")
+PHASES = ("standard", "speculative", "rules", "adaptive")
+ROUTED = ("rules", "adaptive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +107,19 @@ class Stack:
         self.plan = plan
         self._log = log
         self._children: list[subprocess.Popen[bytes]] = []
-        self.ports = {"standard": free_port(), "speculative": free_port(), "gateway": free_port()}
+        self.ports = {
+            "standard": free_port(), "speculative": free_port(), "gateway": free_port(), "gateway-rules": free_port()
+        }  # fmt: skip
 
     @property
     def gateway_url(self) -> str:
+        """The gateway with the shipped (adaptive) rules."""
         return f"http://127.0.0.1:{self.ports['gateway']}"
+
+    @property
+    def rules_gateway_url(self) -> str:
+        """The gateway with the reference rules."""
+        return f"http://127.0.0.1:{self.ports['gateway-rules']}"
 
     def start(self) -> None:
         cli = [sys.executable, "-m", "gateway.cli"]
@@ -132,19 +144,10 @@ class Stack:
             "SPECGATE_HEALTH_INTERVAL_S": "0.5",
             "SPECGATE_LOG_LEVEL": "warning",
         }
-        self._spawn(
-            [
-                *cli,
-                "serve",
-                "--standard",
-                urls["standard"],
-                "--speculative",
-                urls["speculative"],
-                "--port",
-                str(self.ports["gateway"]),
-            ],
-            env,
-        )
+        serve = [*cli, "serve", "--standard", urls["standard"], "--speculative", urls["speculative"]]
+        self._spawn([*serve, "--port", str(self.ports["gateway"])], env)
+        rules = [*serve, "--rules", str(reference_rules_path()), "--port", str(self.ports["gateway-rules"])]
+        self._spawn(rules, env)
 
     def _spawn(self, argv: list[str], env: dict[str, str]) -> None:
         child_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
@@ -170,12 +173,15 @@ class Stack:
         raise RuntimeError("the demo servers did not become ready in time")
 
     def _ready(self) -> bool:
-        try:
-            response = httpx.get(f"{self.gateway_url}/ready", timeout=1.0)
-        except httpx.HTTPError:
-            return False
-        pools = response.json().get("pools", {}) if response.status_code == 200 else {}
-        return all(pools.get(name, {}).get("healthy", 0) >= 1 for name in ("standard", "speculative"))
+        for url in (self.gateway_url, self.rules_gateway_url):
+            try:
+                response = httpx.get(f"{url}/ready", timeout=1.0)
+            except httpx.HTTPError:
+                return False
+            pools = response.json().get("pools", {}) if response.status_code == 200 else {}
+            if not all(pools.get(name, {}).get("healthy", 0) >= 1 for name in ("standard", "speculative")):
+                return False
+        return True
 
     def stop(self) -> None:
         for child in self._children:
@@ -220,14 +226,18 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-async def drive(gateway_url: str, model: str, plan: DemoPlan, workload: Workload, progress: Progress) -> list[Sample]:
+async def drive(stack: Stack, model: str, plan: DemoPlan, workload: Workload, progress: Progress) -> list[Sample]:
     samples: list[Sample] = []
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
-    async with httpx.AsyncClient(base_url=gateway_url, timeout=120.0, limits=limits) as client:
+    async with (
+        httpx.AsyncClient(base_url=stack.gateway_url, timeout=120.0, limits=limits) as adaptive,
+        httpx.AsyncClient(base_url=stack.rules_gateway_url, timeout=120.0, limits=limits) as rules,
+    ):
         for level in plan.levels:
             arrivals = schedule(workload, level, plan.seed)
             for phase in PHASES:
                 task = progress.add_task(f"{level.name} load {level.qps:g} QPS, {phase}", total=len(arrivals))
+                client = rules if phase == "rules" else adaptive
                 phase_samples = await _run_phase(client, model, level, phase, arrivals, progress, task)
                 samples.extend(s for s in phase_samples if s.arrival.at_s >= level.warmup_s)
     return samples
@@ -242,7 +252,7 @@ async def _run_phase(
     progress: Progress,
     task: TaskID,
 ) -> list[Sample]:
-    headers = {} if phase == "routed" else {"x-specgate-pool": phase}
+    headers = {} if phase in ROUTED else {"x-specgate-pool": phase}
     loop = asyncio.get_running_loop()
     start = loop.time()
 
@@ -272,6 +282,7 @@ class DemoOutcome:
     exit_code: int
     samples: list[Sample]
     ports: dict[str, int]
+    learned_after: int | None = None  # requests the adaptive gateway took in before its model decided
 
 
 def run_demo(plan: DemoPlan, console: Console, plot: Path | None = None) -> DemoOutcome:
@@ -286,6 +297,7 @@ def run_demo(plan: DemoPlan, console: Console, plot: Path | None = None) -> Demo
         "behind the gateway on 127.0.0.1; no GPU needed"
     )
     ports: dict[str, int] = {}
+    learned_after: int | None = None
     try:
         with sigterm_as_interrupt(), running_stack(plan) as stack, Progress(console=console) as progress:
             ports = stack.ports
@@ -293,7 +305,8 @@ def run_demo(plan: DemoPlan, console: Console, plot: Path | None = None) -> Demo
                 f"servers ready: gateway {stack.gateway_url} (standard emulator :{ports['standard']}, "
                 f"speculative emulator :{ports['speculative']})"
             )
-            samples = asyncio.run(drive(stack.gateway_url, model, plan, load_workload(), progress))
+            samples = asyncio.run(drive(stack, model, plan, load_workload(), progress))
+            learned_after = httpx.get(f"{stack.gateway_url}/v1/route/model", timeout=5).json().get("warm_after")
     except KeyboardInterrupt:
         console.print("specgate demo: interrupted; all demo servers stopped")
         return DemoOutcome(130, [], ports)
@@ -302,6 +315,11 @@ def run_demo(plan: DemoPlan, console: Console, plot: Path | None = None) -> Demo
         return DemoOutcome(1, [], ports)
     for level in plan.levels:
         console.print(demo_table(samples, level, plan))
+    console.print(
+        "adaptive: the learned model decided after "
+        + (f"{learned_after} finished requests" if learned_after is not None else "more requests than this run had")
+        + " (the pinned phases teach it too; before that the reference rules decide: its warm-up)"
+    )
     if plot is not None:
         plot_demo(plot, samples, plan)
         console.print(f"wrote {plot} (EMULATED)")
@@ -309,4 +327,4 @@ def run_demo(plan: DemoPlan, console: Console, plot: Path | None = None) -> Demo
     if failed:
         first = failed[0]
         console.print(f"specgate demo: {len(failed)} requests failed (first: status {first.status}, {first.reason})")
-    return DemoOutcome(1 if failed else 0, samples, ports)
+    return DemoOutcome(1 if failed else 0, samples, ports, learned_after)

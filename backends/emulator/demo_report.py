@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from backends.emulator.demo import DemoPlan, LoadLevel, Sample
+from backends.emulator.demo import PHASES, DemoPlan, LoadLevel, Sample
 
 ALL = "all"
 
@@ -25,27 +25,23 @@ def _route(samples: Sequence[Sample]) -> str:
     return pool if share == 1.0 else f"{pool} {share:.0%}"
 
 
-def task_rows(samples: Sequence[Sample], level: str) -> list[tuple[str, str, float, float, float, float, int]]:
-    """Per workload category: route, acceptance, standard/speculative/routed mean latency (ms), requests."""
+TaskRow = tuple[str, str, float, float, float, float, float, int]
+
+
+def task_rows(samples: Sequence[Sample], level: str) -> list[TaskRow]:
+    """Per workload category: the adaptive route, acceptance, standard/speculative/rules/adaptive mean latency
+    (ms), requests."""
     ok = [s for s in samples if s.level == level and s.status == 200]
     categories = sorted({s.arrival.item.category for s in ok})
-    rows = []
+    rows: list[TaskRow] = []
     for category in [*categories, ALL]:
         chosen = [s for s in ok if category in (ALL, s.arrival.item.category)]
-        by_phase = {phase: [s for s in chosen if s.phase == phase] for phase in ("standard", "speculative", "routed")}
-        routed = by_phase["routed"]
-        acceptance = statistics.fmean(s.arrival.item.acceptance for s in routed) if routed else float("nan")
-        rows.append(
-            (
-                category,
-                _route(routed),
-                acceptance,
-                _mean_ms(by_phase["standard"]),
-                _mean_ms(by_phase["speculative"]),
-                _mean_ms(routed),
-                len(routed),
-            )
-        )
+        standard, speculative, rules, adaptive = ([s for s in chosen if s.phase == phase] for phase in PHASES)
+        acceptance = statistics.fmean(s.arrival.item.acceptance for s in adaptive) if adaptive else float("nan")
+        rows.append((
+            category, _route(adaptive), acceptance, _mean_ms(standard), _mean_ms(speculative), _mean_ms(rules),
+            _mean_ms(adaptive), len(adaptive),
+        ))  # fmt: skip
     return rows
 
 
@@ -54,34 +50,20 @@ def demo_table(samples: Sequence[Sample], level: LoadLevel, plan: DemoPlan) -> T
         title=f"EMULATED through the gateway: {level.name} load, {level.qps:g} QPS "
         f"(profile {plan.profile}, speed x{plan.speed:g}, wall-clock ms)"
     )
-    for column in (
-        "task",
-        "route chosen",
-        "acceptance",
-        "standard ms",
-        "speculative ms",
-        "routed ms",
-        "speedup vs standard",
-        "n",
-    ):
-        table.add_column(column, justify="left" if column in ("task", "route chosen") else "right")
-    for task, route, acceptance, standard, speculative, routed, count in task_rows(samples, level.name):
+    columns = ("task", "adaptive route", "acceptance", "standard ms", "speculative ms", "rules ms", "adaptive ms",
+               "adaptive vs rules", "n")  # fmt: skip
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("task", "adaptive route") else "right")
+    for task, route, acceptance, standard, speculative, rules, adaptive, count in task_rows(samples, level.name):
         table.add_row(
-            task,
-            route,
-            f"{acceptance:.2f}",
-            f"{standard:.0f}",
-            f"{speculative:.0f}",
-            f"{routed:.0f}",
-            f"{standard / routed:.2f}x",
-            str(count),
-            style="bold" if task == ALL else None,
-        )
+            task, route, f"{acceptance:.2f}", f"{standard:.0f}", f"{speculative:.0f}", f"{rules:.0f}",
+            f"{adaptive:.0f}", f"{rules / adaptive:.2f}x", str(count), style="bold" if task == ALL else None,
+        )  # fmt: skip
     return table
 
 
 def plot_demo(path: Path, samples: Sequence[Sample], plan: DemoPlan) -> None:
-    """Grouped bars per task: standard, speculative and routed mean latency, one panel per load level."""
+    """Grouped bars per task: standard, speculative, rules and adaptive mean latency, one panel per load level."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,9 +73,9 @@ def plot_demo(path: Path, samples: Sequence[Sample], plan: DemoPlan) -> None:
     for axis, level in zip(axes[0], plan.levels, strict=True):
         rows = task_rows(samples, level.name)
         positions = range(len(rows))
-        for offset, (label, column) in enumerate((("standard", 3), ("speculative", 4), ("routed", 5))):
+        for offset, label in enumerate(PHASES):
             axis.bar(
-                [p + (offset - 1) * 0.27 for p in positions], [row[column] for row in rows], width=0.27, label=label
+                [p + (offset - 1.5) * 0.2 for p in positions], [row[3 + offset] for row in rows], width=0.2, label=label
             )
         axis.set_xticks(list(positions), [row[0] for row in rows], rotation=20)
         axis.set_title(f"EMULATED {level.name} load, {level.qps:g} QPS ({plan.profile} x{plan.speed:g})")

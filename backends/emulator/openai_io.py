@@ -137,9 +137,30 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
+def spec_decode_metrics(k: int, accepted_per_step: list[int]) -> dict[str, Any]:
+    """vLLM 0.32's per-request ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics summary``)."""
+    steps = len(accepted_per_step)
+    accepted = sum(accepted_per_step)
+    histogram = [0] * (k + 1)
+    for count in accepted_per_step:
+        histogram[count] += 1
+    return {
+        "speculative_decoding": {
+            "mean_acceptance_length": round(1 + accepted / steps, 4) if steps else 1.0,
+            "draft_acceptance_rate": round(accepted / (steps * k), 4) if steps else 0.0,
+            "acceptance_histogram": histogram,
+            "num_spec_steps": steps,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": steps * k,
+            "num_spec_tokens": k,
+        }
+    }
+
+
 def full_response(
-    request: ParsedRequest, rid: str, created: int, text: str, finish: str, completion_tokens: int
-) -> bytes:
+    request: ParsedRequest, rid: str, created: int, text: str, finish: str, completion_tokens: int,
+    metrics: Mapping[str, Any] | None = None,
+) -> bytes:  # fmt: skip
     if request.kind == CHAT:
         choice: dict[str, Any] = {
             "index": 0,
@@ -159,6 +180,7 @@ def full_response(
             "model": request.model,
             "choices": [choice],
             "usage": usage(request.prompt_tokens, completion_tokens),
+            **({"metrics": metrics} if metrics is not None else {}),
         }
     )
 
@@ -185,7 +207,9 @@ def stream_chunk(
     return _sse({"id": rid, "object": obj, "created": created, "model": request.model, "choices": [choice]})
 
 
-def usage_chunk(request: ParsedRequest, rid: str, created: int, completion_tokens: int) -> bytes:
+def usage_chunk(
+    request: ParsedRequest, rid: str, created: int, completion_tokens: int, metrics: Mapping[str, Any] | None = None
+) -> bytes:
     obj = "chat.completion.chunk" if request.kind == CHAT else "text_completion"
     return _sse(
         {
@@ -195,6 +219,7 @@ def usage_chunk(request: ParsedRequest, rid: str, created: int, completion_token
             "model": request.model,
             "choices": [],
             "usage": usage(request.prompt_tokens, completion_tokens),
+            **({"metrics": metrics} if metrics is not None else {}),
         }
     )
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from backends.emulator.simulate import POLICIES, RequestResult
+
+if TYPE_CHECKING:
+    from backends.emulator.evaluate import Level, ScenarioRun, Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,59 +49,83 @@ def summarise(results: Sequence[RequestResult]) -> Summary:
     )
 
 
-def level_table(qps: float, profile: str, runs: Mapping[str, Sequence[RequestResult]]) -> Table:
-    table = Table(title=f"EMULATED simulation, profile {profile}, {qps:g} QPS (virtual time)")
-    for column in (
-        "policy",
-        "requests",
-        "mean s",
-        "p50 s",
-        "p95 s",
-        "mean TTFT s",
-        "p95 TTFT s",
-        "to speculative",
-        "mean vs always-standard",
-    ):
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    baseline = summarise(runs["always-standard"]).mean_s
-    for policy in POLICIES:
-        if policy not in runs:
-            continue
-        s = summarise(runs[policy])
+def levels_table(profile: str, capacity: float, levels: Sequence[Level]) -> Table:
+    """One row per load level: each policy's mean (p95) latency, and the adaptive policy against the bounds."""
+    title = f"EMULATED simulation, profile {profile}: mean (p95) latency in s; one pool ~{capacity:.1f} QPS"
+    table = Table(title=title)
+    policies = [p for p in POLICIES if p in levels[0].summaries]
+    for column in ("load", "QPS", *policies, "adaptive / best fixed", "adaptive / clairvoyant", "adaptive to spec",
+                   "explored"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for level in levels:
+        s = level.summaries
+        best = min(s["always-standard"].mean_s, s["always-speculative"].mean_s)
+        cells = [f"{s[p].mean_s:.2f} ({s[p].p95_s:.1f})" for p in policies]
+        adaptive = s.get("adaptive")
         table.add_row(
-            policy,
-            str(s.requests),
-            f"{s.mean_s:.2f}",
-            f"{s.p50_s:.2f}",
-            f"{s.p95_s:.2f}",
-            f"{s.mean_ttft_s:.3f}",
-            f"{s.p95_ttft_s:.3f}",
-            f"{s.speculative_share:.0%}",
-            f"{baseline / s.mean_s:.2f}x",
-        )
+            f"{level.share:.0%}", f"{level.qps:.1f}", *cells,
+            f"{adaptive.mean_s / best:.3f}x" if adaptive else "-",
+            f"{adaptive.mean_s / s['clairvoyant'].mean_s:.3f}x" if adaptive else "-",
+            f"{adaptive.speculative_share:.0%}" if adaptive else "-",
+            f"{level.explored:.1%}",
+        )  # fmt: skip
     return table
 
 
-def plot_levels(path: Path, profile: str, levels: Mapping[float, Mapping[str, Sequence[RequestResult]]]) -> None:
-    """Mean and p95 latency against QPS, one line per policy."""
+def scenarios_table(profile: str, runs: Sequence[ScenarioRun]) -> Table:
+    table = Table(title=f"EMULATED scenarios, profile {profile}: mean latency in s, cold start")
+    policies = [p for p in POLICIES if runs and p in runs[0].summaries]
+    for column in ("scenario", "peak QPS", *policies, "learned after", "relearned after change", "explored"):
+        table.add_column(column, justify="right")
+    for run in runs:
+        table.add_row(
+            run.name, f"{run.qps:.1f}", *(f"{run.summaries[p].mean_s:.2f}" for p in policies),
+            f"{run.learned_after} req" if run.learned_after is not None else "never",
+            f"{run.relearned_after} req" if run.relearned_after is not None else "-",
+            f"{run.explored:.1%}",
+        )  # fmt: skip
+    return table
+
+
+def targets_table(profile: str, targets: Sequence[Target]) -> Table:
+    table = Table(title=f"adaptive policy targets, profile {profile} (EMULATED)")
+    for column in ("target", "met", "measured"):
+        table.add_column(column)
+    for target in targets:
+        met = "n/a" if target.met is None else ("yes" if target.met else "NO")
+        table.add_row(target.name, met, target.detail)
+    return table
+
+
+def plot_evaluation(path: Path, profile: str, levels: Sequence[Level], runs: Sequence[ScenarioRun]) -> None:
+    """Mean and p95 latency against load per policy, and the adaptive policy's learning curves."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    qps = sorted(levels)
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    figure, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    shares = [level.share * 100 for level in levels]
     for policy in POLICIES:
-        summaries = [summarise(levels[level][policy]) for level in qps]
-        axes[0].plot(qps, [s.mean_s for s in summaries], marker="o", label=policy)
-        axes[1].plot(qps, [s.p95_s for s in summaries], marker="o", label=policy)
-    for axis, title in zip(axes, ("mean latency", "p95 latency"), strict=True):
+        if policy not in levels[0].summaries:
+            continue
+        axes[0].plot(shares, [lv.summaries[policy].mean_s for lv in levels], marker="o", label=policy)
+        axes[1].plot(shares, [lv.summaries[policy].p95_s for lv in levels], marker="o", label=policy)
+    for axis, title in zip(axes[:2], ("mean latency", "p95 latency"), strict=True):
         axis.set_title(f"{title} (EMULATED, {profile})")
-        axis.set_xlabel("offered load, requests/s")
+        axis.set_xlabel("offered load, % of one pool's capacity")
         axis.set_ylabel("seconds")
         axis.set_yscale("log")
         axis.grid(True, alpha=0.3)
-    axes[0].legend()
+    axes[0].legend(fontsize=8)
+    for run in runs:
+        axes[2].plot([end for end, _ in run.curve], [ratio for _, ratio in run.curve], label=run.name)
+    axes[2].axhline(1.0, color="grey", linewidth=0.8)
+    axes[2].set_title("learning curve: adaptive / clairvoyant (EMULATED)")
+    axes[2].set_xlabel("requests since a cold start")
+    axes[2].set_ylabel("mean latency ratio per 100 requests")
+    axes[2].grid(True, alpha=0.3)
+    axes[2].legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -1,14 +1,22 @@
 """Virtual-time simulation: the gateway's own ``decide()`` routing a workload between two emulated pools.
 
-No HTTP and no sleeping: a Poisson arrival process draws prompts from the shipped workload, each arrival is
-turned into the gateway's :class:`RequestFeatures` by the gateway's ``extract_features`` (so the gateway's
-classifier's mistakes count), routed by ``decide(features, snapshot, rules)`` against a snapshot of the
-emulated engines, and served by the same :class:`Engine` the emulator server runs. Deterministic for a seed.
+No HTTP and no sleeping: arrivals (see :mod:`backends.emulator.scenarios`) are turned into the gateway's
+:class:`RequestFeatures` by the gateway's ``extract_features`` (so the classifier's mistakes count), routed
+by ``decide(features, snapshot, rules)`` and served by the same :class:`Engine` the emulator server runs,
+one per replica. Deterministic for a seed.
 
-Policies: ``always-standard`` and ``always-speculative`` are rules with no rule and that default pool (so they
-too go through ``decide()``); ``rules`` is the shipped reference policy (or ``--rules FILE``); ``oracle`` is a
-hindsight bound, not a schedulable policy: each request's better latency of its always-standard and its
-always-speculative run at the same load.
+The decider sees only what a gateway sees: each pool's engine stats (running, waiting, KV use, acceptance)
+as of the last scrape, every ``scrape_interval_s``, plus the gateway's own in-flight requests, fresh. The
+``adaptive`` policy feeds the gateway's own :class:`~gateway.adaptive.learner.Learner` with every finished
+request (with the per-request acceptance length vLLM reports under ``--per-request-spec-decode-metrics``)
+and refreshes the model in the snapshot every ``model_interval_s``, from a cold start.
+
+Policies: ``always-standard`` / ``always-speculative`` (rules with no rule, so they too go through
+``decide()``), ``rules`` (the reference rules, ``gateway/rules-reference.yaml``), ``adaptive`` (the shipped
+rules: pins, then ``fastest``), ``clairvoyant`` (knows each request's true acceptance and output length and
+the engines' exact state, and picks the replica whose estimated completion is earliest: a strong bound
+that, unlike ``oracle``, may split load), and ``oracle``, a hindsight bound, not a schedulable policy: each
+request's better latency of its always-standard and its always-speculative run at the same load.
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backends.emulator.profiles import Profile
-from backends.emulator.timing import Engine, EngineRequest, StepOutcome, TimingModel
-from backends.workloads.loader import Workload, WorkloadItem
+from backends.emulator.timing import Engine, EngineRequest, StepOutcome, TimingModel, expected_tokens_per_step
+from backends.workloads.loader import WorkloadItem
+from gateway.adaptive.learner import Learner, Observation
+from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.decide import decide
-from gateway.features import Classifier, RequestFeatures, extract_features
+from gateway.features import RequestFeatures
 from gateway.qps import LocalQps
 from gateway.rules import RoutingRules
 from gateway.snapshot import POOL_NAMES, SPECULATIVE, STANDARD, PoolSnapshot, Snapshot
@@ -31,8 +41,10 @@ from gateway.snapshot import POOL_NAMES, SPECULATIVE, STANDARD, PoolSnapshot, Sn
 ALWAYS_STANDARD = "always-standard"
 ALWAYS_SPECULATIVE = "always-speculative"
 RULES = "rules"
+ADAPTIVE = "adaptive"
+CLAIRVOYANT = "clairvoyant"
 ORACLE = "oracle"
-POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ORACLE)
+POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, CLAIRVOYANT, ORACLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +53,7 @@ class Arrival:
     at_s: float
     item: WorkloadItem
     features: RequestFeatures
+    acceptance: float  # the truth the engine draws from (the item's, unless a drift scenario changed it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +69,7 @@ class RequestResult:
     output_tokens: int
     ttft_s: float
     latency_s: float
+    explored: bool = False
 
 
 def fixed_pool_rules(base: RoutingRules, pool: str) -> RoutingRules:
@@ -63,138 +77,202 @@ def fixed_pool_rules(base: RoutingRules, pool: str) -> RoutingRules:
     return base.model_copy(update={"rules": (), "default_pool": pool})
 
 
-def make_arrivals(workload: Workload, qps: float, count: int, seed: int, rules: RoutingRules) -> list[Arrival]:
-    """``count`` Poisson arrivals at ``qps``, prompts drawn uniformly from the workload."""
-    rng = random.Random(f"{seed}:{qps}")
-    classifier = Classifier(rules)
-    arrivals, now = [], 0.0
-    for index in range(count):
-        now += rng.expovariate(qps)
-        item = rng.choice(workload.items)
-        features = extract_features(item.request_body("emulated"), "chat", {}, rules, classifier)
-        arrivals.append(Arrival(index, now, item, features))
-    return arrivals
-
-
 @dataclass(eq=False)
-class _Pool:
+class _Replica:
+    pool: str
     engine: Engine
     step_end_s: float = math.inf
     outcome: StepOutcome | None = None
+    inflight: int = 0
 
     def start_step(self, now: float) -> None:
         self.outcome = self.engine.step()
         self.step_end_s = now + self.outcome.duration_s
 
-    def snapshot(self, name: str) -> PoolSnapshot:
-        counters = self.engine.counters
-        acceptance = counters.accepted_tokens / counters.draft_tokens if counters.draft_tokens else None
-        length = 1 + counters.accepted_tokens / counters.drafts if counters.drafts else None
-        return PoolSnapshot(
-            name,
-            healthy_replicas=1,
-            total_replicas=1,
-            running=self.engine.num_running,
-            waiting=self.engine.num_waiting,
-            kv_cache_usage=self.engine.kv_usage,
-            acceptance_rate=acceptance,
-            acceptance_length=length,
-            stats_age_s=0.0,
-        )
-
 
 @dataclass(eq=False)
 class _Progress:
     arrival: Arrival
-    pool: str
+    replica: _Replica
     reason: str
+    load: float
+    explored: bool
     request: EngineRequest
     first_token_s: float | None = None
+    drafted_steps: int = 0
+    drafted_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Scrape:
+    at_s: float
+    pools: dict[str, PoolSnapshot]
 
 
 @dataclass
 class Simulation:
-    """One policy (as rules for ``decide()``) against two fresh emulated pools."""
+    """One policy against fresh emulated pools of ``replicas`` engines each."""
 
     profile: Profile
     rules: RoutingRules
     seed: int = 0
-    _pools: dict[str, _Pool] = field(init=False)
+    learner: Learner | None = None
+    clairvoyant: bool = False
+    replicas: int = 1
+    scrape_interval_s: float = 1.0
+    model_interval_s: float = 0.25
+    _replicas: dict[str, list[_Replica]] = field(init=False)
     _qps: LocalQps = field(init=False, default_factory=LocalQps)
+    _scrape: _Scrape | None = field(init=False, default=None)
+    _model: LatencyModel | None = field(init=False, default=None)
+    _model_at: float = field(init=False, default=-math.inf)
 
     def __post_init__(self) -> None:
-        self._pools = {
-            name: _Pool(Engine(TimingModel(self.profile, name == SPECULATIVE), random.Random(f"{self.seed}:{name}")))
-            for name in POOL_NAMES
-        }
+        def engine(name: str, index: int) -> Engine:
+            rng = random.Random(f"{self.seed}:{name}" + (f":{index}" if index else ""))
+            return Engine(TimingModel(self.profile, name == SPECULATIVE), rng)
+
+        self._replicas = {name: [_Replica(name, engine(name, i)) for i in range(self.replicas)] for name in POOL_NAMES}
+        self._all = [r for name in POOL_NAMES for r in self._replicas[name]]
 
     def run(self, arrivals: Sequence[Arrival]) -> list[RequestResult]:
         live: dict[EngineRequest, _Progress] = {}
         results: list[RequestResult] = []
-        pending = list(arrivals)
         position = 0
-        while position < len(pending) or any(p.outcome is not None for p in self._pools.values()):
-            next_arrival = pending[position].at_s if position < len(pending) else math.inf
-            pool = min(self._pools.values(), key=lambda candidate: candidate.step_end_s)
-            if next_arrival <= pool.step_end_s:
-                self._admit(pending[position], live)
+        while position < len(arrivals) or any(r.outcome is not None for r in self._all):
+            next_arrival = arrivals[position].at_s if position < len(arrivals) else math.inf
+            replica = min(self._all, key=lambda candidate: candidate.step_end_s)
+            if next_arrival <= replica.step_end_s:
+                self._admit(arrivals[position], live)
                 position += 1
             else:
-                self._finish_step(pool, live, results)
+                self._finish_step(replica, live, results)
         return sorted(results, key=lambda result: result.index)
 
-    def _admit(self, arrival: Arrival, live: dict[EngineRequest, _Progress]) -> None:
-        self._qps.record(arrival.at_s)
-        snapshot = Snapshot(
-            pools={name: pool.snapshot(name) for name, pool in self._pools.items()},
-            qps=self._qps.rate(arrival.at_s),
-            qps_age_s=0.0,
+    # -- what the gateway sees --------------------------------------------------------------------------
+    def _snapshot(self, now: float) -> Snapshot:
+        if self._scrape is None or now - self._scrape.at_s >= self.scrape_interval_s:
+            self._scrape = _Scrape(now, {name: self._scraped(name) for name in POOL_NAMES})
+        if self.learner is not None and now - self._model_at >= self.model_interval_s:
+            self._model, self._model_at = self.learner.model(now), now
+        pools = {
+            name: dataclasses.replace(
+                scraped, inflight=sum(r.inflight for r in self._replicas[name]), stats_age_s=now - self._scrape.at_s
+            )
+            for name, scraped in self._scrape.pools.items()
+        }
+        return Snapshot(pools=pools, qps=self._qps.rate(now), qps_age_s=0.0, model=self._model)
+
+    def _scraped(self, name: str) -> PoolSnapshot:
+        replicas = self._replicas[name]
+        drafts = sum(r.engine.counters.drafts for r in replicas)
+        draft_tokens = sum(r.engine.counters.draft_tokens for r in replicas)
+        accepted = sum(r.engine.counters.accepted_tokens for r in replicas)
+        inflight = sum(r.inflight for r in replicas)
+        return PoolSnapshot(
+            name,
+            healthy_replicas=len(replicas),
+            total_replicas=len(replicas),
+            running=float(sum(r.engine.num_running for r in replicas)),
+            waiting=float(sum(r.engine.num_waiting for r in replicas)),
+            kv_cache_usage=sum(r.engine.kv_usage for r in replicas) / len(replicas),
+            acceptance_rate=accepted / draft_tokens if draft_tokens else None,
+            acceptance_length=1 + accepted / drafts if drafts else None,
+            stats_age_s=0.0,
+            inflight=inflight,
+            inflight_base=inflight,
         )
-        decision = decide(arrival.features, snapshot, self.rules)
+
+    # -- events ---------------------------------------------------------------------------------------
+    def _admit(self, arrival: Arrival, live: dict[EngineRequest, _Progress]) -> None:
+        now = arrival.at_s
+        self._qps.record(now)
         item = arrival.item
+        output_tokens = min(item.output_tokens, item.max_tokens)
+        if self.clairvoyant:
+            replica = self._clairvoyant(item.prompt_tokens, output_tokens, arrival.acceptance)
+            reason, load, explored = CLAIRVOYANT, 0.0, False
+        else:
+            decision = decide(arrival.features, self._snapshot(now), self.rules)
+            replica = min(self._replicas[decision.pool], key=lambda r: r.inflight)
+            reason, load, explored = decision.reason, decision.load, decision.explored
         request = EngineRequest(
             request_id=str(arrival.index),
             prompt_tokens=item.prompt_tokens,
-            output_tokens=min(item.output_tokens, item.max_tokens),
-            acceptance=item.acceptance,
+            output_tokens=output_tokens,
+            acceptance=arrival.acceptance,
             finish_reason="length" if item.max_tokens < item.output_tokens else "stop",
         )
-        pool = self._pools[decision.pool]
-        pool.engine.add(request)
-        live[request] = _Progress(arrival, decision.pool, decision.reason, request)
-        if pool.outcome is None:
-            pool.start_step(arrival.at_s)
+        replica.engine.add(request)
+        replica.inflight += 1
+        live[request] = _Progress(arrival, replica, reason, load, explored, request)
+        if replica.outcome is None:
+            replica.start_step(now)
 
-    def _finish_step(self, pool: _Pool, live: dict[EngineRequest, _Progress], results: list[RequestResult]) -> None:
-        now, outcome = pool.step_end_s, pool.outcome
+    def _clairvoyant(self, prompt_tokens: int, output_tokens: int, acceptance: float) -> _Replica:
+        """The replica whose estimated completion for this request is earliest, from the exact engine state."""
+        best, best_s = self._all[0], math.inf
+        for replica in self._all:
+            engine, model = replica.engine, replica.engine.model
+            limit = model.profile.max_num_seqs
+            batch = min(engine.num_running + engine.num_waiting + 1, limit)
+            step = model.step_s(batch)
+            tokens = (
+                expected_tokens_per_step(model.effective_acceptance(acceptance), model.k) if model.speculative else 1.0
+            )
+            queued = max(engine.num_running + engine.num_waiting + 1 - limit, 0)
+            wait = queued / limit * step * engine.mean_remaining_tokens
+            done = wait + model.profile.step.prefill_s_per_token * prompt_tokens + step * output_tokens / tokens
+            if done < best_s:
+                best, best_s = replica, done
+        return best
+
+    def _finish_step(
+        self, replica: _Replica, live: dict[EngineRequest, _Progress], results: list[RequestResult]
+    ) -> None:
+        now, outcome = replica.step_end_s, replica.outcome
         assert outcome is not None
         for emission in outcome.emissions:
             progress = live[emission.request]
             if progress.first_token_s is None:
                 progress.first_token_s = now
+            if emission.drafted:
+                progress.drafted_steps += 1
+                progress.drafted_tokens += emission.tokens
             if emission.finished:
-                results.append(_result(live.pop(emission.request), now))
-        pool.outcome, pool.step_end_s = None, math.inf
-        if pool.engine.has_work:
-            pool.start_step(now)
+                live.pop(emission.request)
+                replica.inflight -= 1
+                results.append(self._result(progress, now))
+        replica.outcome, replica.step_end_s = None, math.inf
+        if replica.engine.has_work:
+            replica.start_step(now)
 
-
-def _result(progress: _Progress, finished_s: float) -> RequestResult:
-    arrival = progress.arrival
-    first = progress.first_token_s if progress.first_token_s is not None else finished_s
-    return RequestResult(
-        index=arrival.index,
-        item_id=arrival.item.id,
-        task=arrival.item.task,
-        classified_task=arrival.features.task,
-        pool=progress.pool,
-        reason=progress.reason,
-        arrival_s=arrival.at_s,
-        acceptance=arrival.item.acceptance,
-        output_tokens=progress.request.generated,
-        ttft_s=first - arrival.at_s,
-        latency_s=finished_s - arrival.at_s,
-    )
+    def _result(self, progress: _Progress, finished_s: float) -> RequestResult:
+        arrival = progress.arrival
+        first = progress.first_token_s if progress.first_token_s is not None else finished_s
+        result = RequestResult(
+            index=arrival.index,
+            item_id=arrival.item.id,
+            task=arrival.item.task,
+            classified_task=arrival.features.task,
+            pool=progress.replica.pool,
+            reason=progress.reason,
+            arrival_s=arrival.at_s,
+            acceptance=arrival.acceptance,
+            output_tokens=progress.request.generated,
+            ttft_s=first - arrival.at_s,
+            latency_s=finished_s - arrival.at_s,
+            explored=progress.explored,
+        )
+        if self.learner is not None:
+            features = arrival.features
+            acceptance = progress.drafted_tokens / progress.drafted_steps if progress.drafted_steps else None
+            seen_ttft = result.ttft_s if features.stream else None  # a whole reply shows only its end
+            self.learner.observe(Observation(
+                result.pool, segment_of(features.task, features.copy), features.prompt_tokens, progress.load,
+                seen_ttft, result.latency_s, result.output_tokens, acceptance, finished_s,
+            ))  # fmt: skip
+        return result
 
 
 def oracle(standard: Sequence[RequestResult], speculative: Sequence[RequestResult]) -> list[RequestResult]:
@@ -207,27 +285,41 @@ def oracle(standard: Sequence[RequestResult], speculative: Sequence[RequestResul
     return best
 
 
-def simulate_level(
-    profile: Profile,
-    workload: Workload,
-    rules: RoutingRules,
-    qps: float,
-    duration_s: float,
-    seed: int,
-    warmup_s: float = 10.0,
-) -> dict[str, list[RequestResult]]:
-    """All four policies at one load level, on the same arrivals, for ``duration_s`` of virtual arrivals.
+@dataclass(frozen=True, slots=True)
+class PolicySet:
+    """The rules each policy runs: ``reference`` for ``rules``, ``adaptive`` (with ``fastest``) for ``adaptive``."""
 
-    Requests that arrive in the first ``warmup_s`` load the pools but are left out of the results (the
-    gateway's 10-second QPS window is still filling then).
-    """
-    arrivals = make_arrivals(workload, qps, max(1, round(qps * duration_s)), seed, rules)
-    runs = {
-        ALWAYS_STANDARD: fixed_pool_rules(rules, STANDARD),
-        ALWAYS_SPECULATIVE: fixed_pool_rules(rules, SPECULATIVE),
-        RULES: rules,
+    reference: RoutingRules
+    adaptive: RoutingRules | None = None
+
+
+def run_policies(
+    profile: Profile,
+    arrivals: Sequence[Arrival],
+    policies: PolicySet,
+    seed: int,
+    *,
+    replicas: int = 1,
+    scrape_interval_s: float = 1.0,
+    include: Sequence[str] = POLICIES,
+) -> dict[str, list[RequestResult]]:
+    """Every policy in ``include`` on the same arrivals, each against fresh engines (and a cold learner)."""
+    reference = policies.reference
+    options = {"replicas": replicas, "scrape_interval_s": scrape_interval_s}
+    sims: dict[str, Simulation] = {
+        ALWAYS_STANDARD: Simulation(profile, fixed_pool_rules(reference, STANDARD), seed, **options),  # type: ignore[arg-type]
+        ALWAYS_SPECULATIVE: Simulation(profile, fixed_pool_rules(reference, SPECULATIVE), seed, **options),  # type: ignore[arg-type]
+        RULES: Simulation(profile, reference, seed, **options),  # type: ignore[arg-type]
+        CLAIRVOYANT: Simulation(profile, reference, seed, clairvoyant=True, **options),  # type: ignore[arg-type]
     }
-    results = {policy: Simulation(profile, policy_rules, seed).run(arrivals) for policy, policy_rules in runs.items()}
-    results[ORACLE] = oracle(results[ALWAYS_STANDARD], results[ALWAYS_SPECULATIVE])
-    cutoff = min(warmup_s, arrivals[-1].at_s / 2)
-    return {policy: [r for r in runs_ if r.arrival_s >= cutoff] for policy, runs_ in results.items()}
+    if policies.adaptive is not None:
+        learner = Learner(policies.adaptive.adaptive.learning_rate)
+        sims[ADAPTIVE] = Simulation(profile, policies.adaptive, seed, learner=learner, **options)  # type: ignore[arg-type]
+    results = {name: sim.run(arrivals) for name, sim in sims.items() if name in include}
+    if ORACLE in include and ALWAYS_STANDARD in results and ALWAYS_SPECULATIVE in results:
+        results[ORACLE] = oracle(results[ALWAYS_STANDARD], results[ALWAYS_SPECULATIVE])
+    return results
+
+
+def after_warmup(results: dict[str, list[RequestResult]], cutoff_s: float) -> dict[str, list[RequestResult]]:
+    return {policy: [r for r in runs if r.arrival_s >= cutoff_s] for policy, runs in results.items()}

@@ -158,6 +158,13 @@ class Engine:
         return len(self._waiting)
 
     @property
+    def mean_remaining_tokens(self) -> float:
+        """Tokens the running requests still have to generate, on average (0 when idle)."""
+        if not self._running:
+            return 0.0
+        return sum(max(r.output_tokens - r.generated, 1) for r in self._running) / len(self._running)
+
+    @property
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
 

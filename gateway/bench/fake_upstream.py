@@ -10,9 +10,10 @@ Behaviour per request comes from headers, which the gateway forwards unchanged:
     x-fake-reset: 1           drop the connection without answering
 
 ``FakeUpstream.healthy`` switches ``/health`` between 200 and 503; ``requests`` counts what arrived and
-``cancelled`` counts streams the client went away from. Any other path is echoed (method, path, query, body)
-as JSON and noted in ``seen``, so a test can tell exactly what the gateway forwarded, or that it forwarded
-nothing.
+``cancelled`` counts streams the client went away from. ``base_delay`` (``--delay``, or ``POST
+/fake/delay?s=1.5`` on a running process) delays every response head that sets no ``x-fake-delay``: a slow
+replica that still answers. Any other path is echoed (method, path, query, body) as JSON and noted in
+``seen``, so a test can tell exactly what the gateway forwarded, or that it forwarded nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class FakeUpstream:
         self.model = model
         self.name = name
         self.healthy = True
+        self.base_delay = 0.0
         self.requests = 0
         self.cancelled = 0
         self.events_sent = 0  # stream events written, over all streams
@@ -44,8 +46,13 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/fake/delay", self._set_delay)
         app.router.add_route("*", "/{tail:.*}", self._echo)
         return app
+
+    async def _set_delay(self, request: web.Request) -> web.Response:
+        self.base_delay = float(request.query.get("s", "0"))
+        return web.Response(text=str(self.base_delay))
 
     async def _echo(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.path_qs))
@@ -81,7 +88,7 @@ class FakeUpstream:
             assert request.transport is not None
             request.transport.close()
             raise ConnectionResetError("fake reset")
-        delay = float(h.get("x-fake-delay", 0))
+        delay = float(h.get("x-fake-delay", self.base_delay))
         if delay:
             await asyncio.sleep(delay)
         status = int(h.get("x-fake-status", 200))
@@ -131,9 +138,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="fake-model")
+    parser.add_argument("--name", default="fake", help="reported as `served_by` in non-stream replies")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before every response head")
     args = parser.parse_args(argv)
     uvloop.install()
-    web.run_app(FakeUpstream(args.model).app(), host=args.host, port=args.port, access_log=None, print=None)
+    fake = FakeUpstream(args.model, args.name)
+    fake.base_delay = args.delay
+    web.run_app(fake.app(), host=args.host, port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":

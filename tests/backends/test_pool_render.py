@@ -38,7 +38,7 @@ def test_cpu_speculative_argv_golden() -> None:
         "--port", "8102",
         "--speculative-config",
         '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4,"prompt_lookup_min":2}',
-        "--enforce-eager", "--dtype", "bfloat16",
+        "--enforce-eager", "--dtype", "bfloat16", "--per-request-spec-decode-metrics", "summary",
     ]
 
 

@@ -202,7 +202,7 @@ def test_the_metrics_fixtures_live_inside_the_repository() -> None:
         for path in (REPO_ROOT / folder).rglob("*")
         if path.suffix in (".py", ".sh") and "../" + "shared" in path.read_text(encoding="utf-8")
     ]
-    assert not offenders, f"these reach outside the repository for shared data, which a clone does not have: {offenders}"
+    assert not offenders, f"these reach outside the repository for shared data (a clone has none): {offenders}"
 
 
 def test_the_helm_chart_ships_the_same_dashboard() -> None:

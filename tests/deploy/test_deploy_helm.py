@@ -290,6 +290,11 @@ def test_gateway_drains_streams_before_it_stops(render: Render) -> None:
     pod = by_kind(render(), "Deployment")["rel-specgate-gateway"]["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] >= 60
     assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    sleep = int(pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][1])
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    grace = float(env["SPECGATE_SHUTDOWN_GRACE_S"])  # the gateway's own drain fits in what the kubelet allows
+    assert grace > 0 and sleep + grace < pod["terminationGracePeriodSeconds"]
+    assert grace == pod["terminationGracePeriodSeconds"] - sleep - 5
 
 
 def test_no_pod_gets_service_link_variables_that_look_like_settings(helm: Path) -> None:

@@ -29,20 +29,25 @@ def test_quick_demo_routes_through_the_gateway_and_stops_everything(tmp_path: Pa
     assert "EMULATED through the gateway: low load" in text and "high load" in text
     assert plot.stat().st_size > 10_000
 
-    pinned = [s for s in outcome.samples if s.phase != "routed"]
+    pinned = [s for s in outcome.samples if s.phase in ("standard", "speculative")]
     assert all(s.pool == s.phase for s in pinned)  # the x-specgate-pool header pins the pool
-    low = [s for s in outcome.samples if s.level == "low" and s.phase == "routed"]
+    low = [s for s in outcome.samples if s.level == "low" and s.phase == "rules"]
     assert all(s.pool == "speculative" for s in low if s.arrival.item.category == "code")
     assert all(s.pool == "standard" for s in low if s.arrival.item.category in ("chat", "short"))
-    high = [s for s in outcome.samples if s.level == "high" and s.phase == "routed"]
     assert not any(s.reason == "high-load" for s in low)
-    high = [s for s in outcome.samples if s.level == "high" and s.phase == "routed"]
+    adaptive = [s for s in outcome.samples if s.phase == "adaptive"]
+    assert adaptive and all(s.status == 200 for s in adaptive)
+    assert outcome.learned_after is not None  # the pinned phases taught it: it decides in the high-load phase
+    assert any(s.reason.startswith("fastest") for s in adaptive if s.level == "high")
+    assert "adaptive: the learned model decided after" in text
+    high = [s for s in outcome.samples if s.level == "high" and s.phase == "rules"]
     reasons = Counter(s.reason for s in high)
     # 25 QPS > the rules' 20, so the high-load rule fires; how often depends on the quick run's short, noisy
     # QPS window and on how evenly a loaded machine lets the client send, so only its firing is asserted.
     assert reasons["high-load"] > 0, reasons
     rows = {row[0]: row for row in task_rows(outcome.samples, "high")}
     assert rows["all"][4] > rows["all"][3], text  # speculative slower than standard at high load (emulated)
+    assert rows["all"][6] < rows["all"][4], text  # adaptive: not stuck on the pool that is slow under load
 
     for port in outcome.ports.values():
         with socket.socket() as sock:

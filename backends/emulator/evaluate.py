@@ -1,0 +1,182 @@
+"""``specgate simulate``'s evaluation: every policy across load levels and scenarios, and the targets.
+
+All figures are EMULATED (virtual time against the timing model). The targets are the adaptive policy's
+(issue 10): measured side by side on the same arrivals, never timed tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from backends.emulator.profiles import Profile
+from backends.emulator.report import Summary, summarise
+from backends.emulator.scenarios import (
+    DRIFT,
+    MIX_SHIFT,
+    capacity_qps,
+    drift,
+    learning_curve,
+    make_scenario_arrivals,
+    mix_shift,
+    ramp,
+    requests_to_learn,
+    steady,
+)
+from backends.emulator.simulate import (
+    ADAPTIVE,
+    ALWAYS_SPECULATIVE,
+    ALWAYS_STANDARD,
+    CLAIRVOYANT,
+    RULES,
+    PolicySet,
+    RequestResult,
+    after_warmup,
+    run_policies,
+)
+from backends.workloads.loader import Workload
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    share: float  # of one pool's capacity
+    qps: float
+    summaries: dict[str, Summary]
+    explored: float  # share of the adaptive policy's requests sent to explore
+    learned_after: int | None  # requests from the cold start until within 10 % of steady state
+    windows: int  # learning-curve windows (of 100 requests) the level had
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioRun:
+    name: str
+    share: float
+    qps: float
+    summaries: dict[str, Summary]
+    curve: list[tuple[int, float]]  # adaptive / clairvoyant mean latency per window of requests
+    learned_after: int | None
+    relearned_after: int | None  # after the drift point (drift only)
+    explored: float
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    met: bool | None  # None: not applicable on this profile
+    detail: str
+
+
+def evaluate_levels(
+    profile: Profile, workload: Workload, policies: PolicySet, shares: Sequence[float], duration_s: float, seed: int,
+    *, replicas: int = 1, scrape_interval_s: float = 1.0, warmup_s: float = 10.0,
+) -> list[Level]:  # fmt: skip
+    capacity = capacity_qps(profile, workload)
+    levels = []
+    for share in shares:
+        qps = capacity * share
+        arrivals = make_scenario_arrivals(workload, steady(qps, duration_s), seed, policies.reference)
+        results = run_policies(
+            profile, arrivals, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s
+        )
+        kept = after_warmup(results, min(warmup_s, duration_s / 4))
+        adaptive = results.get(ADAPTIVE, [])
+        curve = learning_curve(adaptive, results[CLAIRVOYANT]) if adaptive else []
+        levels.append(Level(
+            share, qps, {policy: summarise(runs) for policy, runs in kept.items()},
+            _explored(adaptive), requests_to_learn(curve) if curve else None, len(curve),
+        ))  # fmt: skip
+    return levels
+
+
+def evaluate_scenario(
+    name: str, profile: Profile, workload: Workload, policies: PolicySet, share: float, duration_s: float, seed: int,
+    *, replicas: int = 1, scrape_interval_s: float = 1.0,
+) -> ScenarioRun:  # fmt: skip
+    qps = capacity_qps(profile, workload) * share
+    scenario = {
+        "steady": lambda: steady(qps, duration_s),
+        "ramp": lambda: ramp(qps, duration_s),
+        "mix-shift": lambda: mix_shift(qps, duration_s, workload),
+        "drift": lambda: drift(qps, duration_s, workload),
+    }[name]()
+    arrivals = make_scenario_arrivals(workload, scenario, seed, policies.reference)
+    results = run_policies(profile, arrivals, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s)
+    adaptive = results[ADAPTIVE]
+    curve = learning_curve(adaptive, results[CLAIRVOYANT])
+    change_s = scenario.drift_at_s if name == DRIFT else duration_s / 2 if name == MIX_SHIFT else None
+    change = next((a.index for a in arrivals if change_s is not None and a.at_s >= change_s), None)
+    relearned = requests_to_learn(curve, since=change) if change is not None else None
+    return ScenarioRun(
+        name, share, qps, {policy: summarise(runs) for policy, runs in results.items()}, curve,
+        requests_to_learn(curve), relearned, _explored(adaptive),
+    )  # fmt: skip
+
+
+def _explored(results: Sequence[RequestResult]) -> float:
+    return sum(1 for r in results if r.explored) / len(results) if results else 0.0
+
+
+def check_targets(levels: Sequence[Level], scenarios: Sequence[ScenarioRun]) -> list[Target]:
+    """The adaptive policy's targets on one profile."""
+    targets = []
+    worst_mean = max(levels, key=lambda lv: lv.summaries[ADAPTIVE].mean_s / _best(lv, "mean_s"))
+    ratio = worst_mean.summaries[ADAPTIVE].mean_s / _best(worst_mean, "mean_s")
+    targets.append(Target("mean <= 1.02x best fixed pool, every level", ratio <= 1.02,
+                          f"worst {ratio:.3f}x at {worst_mean.share:.0%} load"))  # fmt: skip
+    worst_p95 = max(levels, key=lambda lv: lv.summaries[ADAPTIVE].p95_s / _best(lv, "p95_s"))
+    ratio = worst_p95.summaries[ADAPTIVE].p95_s / _best(worst_p95, "p95_s")
+    targets.append(Target("p95 <= 1.05x best fixed pool, every level", ratio <= 1.05,
+                          f"worst {ratio:.3f}x at {worst_p95.share:.0%} load"))  # fmt: skip
+    worst_clair = max(levels, key=lambda lv: lv.summaries[ADAPTIVE].mean_s / lv.summaries[CLAIRVOYANT].mean_s)
+    ratio = worst_clair.summaries[ADAPTIVE].mean_s / worst_clair.summaries[CLAIRVOYANT].mean_s
+    targets.append(Target("mean within 10% of clairvoyant, every level", ratio <= 1.10,
+                          f"worst {ratio:.3f}x at {worst_clair.share:.0%} load"))  # fmt: skip
+    ours, theirs = _knee(levels, ADAPTIVE), _knee(levels, RULES)
+    targets.append(Target(
+        "highest load with p95 < 2x low-load p95 >= 1.6x the rules'", ours >= 1.6 * theirs,
+        f"adaptive {ours:.0%}, rules {theirs:.0%} of one pool's capacity ({ours / theirs:.2f}x)",
+    ))  # fmt: skip
+    crossover = _crossover(levels)
+    if crossover is None:
+        targets.append(Target("at the rules' crossover, mean >= 25% lower than the rules", None,
+                              "the reference rules do not switch within these levels"))  # fmt: skip
+    else:
+        gain = 1 - crossover.summaries[ADAPTIVE].mean_s / crossover.summaries[RULES].mean_s
+        targets.append(Target("at the rules' crossover, mean >= 25% lower than the rules", gain >= 0.25,
+                              f"{gain:.0%} lower at {crossover.share:.0%} load ({crossover.qps:.1f} QPS)"))  # fmt: skip
+    judged = [lv for lv in levels if lv.windows >= 6]  # a run too short for a learning curve is not judged
+    learned = [lv.learned_after for lv in judged]
+    slowest = max((n for n in learned if n is not None), default=None)
+    targets.append(Target(
+        "cold start: within 10% of steady state after 300 requests",
+        bool(judged) and None not in learned and slowest is not None and slowest <= 300,
+        f"slowest of {len(judged)} levels: {slowest} requests" if None not in learned else "a level never settled",
+    ))  # fmt: skip
+    for run in scenarios:
+        if run.name == DRIFT:
+            ok = run.relearned_after is not None and run.relearned_after <= 500
+            targets.append(Target("after the drift: within 10% of steady state after 500 requests", ok,
+                                  f"{run.relearned_after} requests after the drift"))  # fmt: skip
+    explored = max([lv.explored for lv in levels] + [run.explored for run in scenarios])
+    targets.append(Target("explored share <= 3%", explored <= 0.03, f"at most {explored:.2%}"))
+    return targets
+
+
+def _best(level: Level, stat: str) -> float:
+    values: list[float] = [getattr(level.summaries[p], stat) for p in (ALWAYS_STANDARD, ALWAYS_SPECULATIVE)]
+    return min(values)
+
+
+def _knee(levels: Sequence[Level], policy: str) -> float:
+    """The highest load share at which the policy's p95 is still under twice its lowest-load p95."""
+    base = levels[0].summaries[policy].p95_s
+    ok = [lv.share for lv in levels if lv.summaries[policy].p95_s < 2 * base]
+    return max(ok) if ok else levels[0].share
+
+
+def _crossover(levels: Sequence[Level]) -> Level | None:
+    """The first level at which the reference rules send less than half the speculative share they send at
+    the lowest level (their high-load rule has switched)."""
+    low = levels[0].summaries[RULES].speculative_share
+    return next((lv for lv in levels if lv.summaries[RULES].speculative_share < low / 2), None)
+

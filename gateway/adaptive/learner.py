@@ -1,0 +1,351 @@
+"""Online learning of the latency model from finished requests: observations in, an immutable model out.
+
+Every finished request (streaming or not) gives an :class:`Observation`: the pool that answered, the
+load the decision saw there, time to first byte, total time, completion tokens and, when vLLM runs with
+``--per-request-spec-decode-metrics``, the request's mean acceptance length. :meth:`Learner.observe` folds
+it in at once (a few microseconds): stochastic gradient steps in log-seconds on the load curve and on the
+segment / prompt-size offsets, with a learning rate of ``1 / (weight + 1)`` that floors at
+``learning_rate``. The floor is the forgetting: old data fades geometrically, so a drift is followed within
+a few dozen observations of the cell it touches. :meth:`Learner.model` freezes the state into a
+:class:`~gateway.adaptive.model.LatencyModel` for the snapshot.
+
+With an acceptance length ``a`` the error is split by what acceptance explains: the segment's offset learns
+``-log(a / mean a)`` and the load curve learns the rest (the time of one engine step at that load).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from gateway.adaptive.model import (
+    NODES,
+    SHRINK,
+    Curve,
+    LatencyModel,
+    Lengths,
+    Offset,
+    PoolModel,
+    load_position,
+    prompt_bin,
+)
+
+INITIAL_VAR = 0.25  # log-seconds squared before any residual is seen (sigma 0.5, a factor of 1.65)
+LENGTH_WINDOW = 256  # recent output lengths kept per segment
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    pool: str
+    segment: str
+    prompt_tokens: int
+    load: float  # the pool's load as the decision saw it
+    ttft_s: float | None  # time to the first token; None when unknown (a non-streamed reply comes whole)
+    total_s: float
+    output_tokens: int
+    acceptance_length: float | None = None  # vLLM's per-request mean acceptance length (speculative pool)
+    at_s: float = 0.0  # the learner's clock (monotonic seconds in the gateway, virtual in the simulator)
+
+
+@dataclass
+class _Cell:
+    value: float = 0.0
+    weight: float = 0.0
+
+    def step(self, target: float, share: float, floor: float, cap: float) -> None:
+        if share <= 0:
+            return
+        rate = max(1.0 / (self.weight + 1.0), floor) * share
+        self.value += rate * (target - self.value)
+        self.weight = min(self.weight + share, cap)
+
+
+@dataclass
+class _CurveState:
+    values: list[float] = field(default_factory=lambda: [0.0] * NODES)
+    weights: list[float] = field(default_factory=lambda: [0.0] * NODES)
+    _cache: list[float] | None = field(default=None, repr=False)
+
+    def filled(self) -> list[float]:
+        """:meth:`fill`, cached: within one snapshot period the observations learn against the curve as it
+        was at its start (a node seen for the first time refreshes it). The learner calls :meth:`refresh`
+        when it freezes the model. This keeps :meth:`Learner.observe` at a few microseconds."""
+        if self._cache is None:
+            self._cache = self.fill()
+        return self._cache
+
+    def refresh(self) -> None:
+        self._cache = None
+
+    def fill(self) -> list[float]:
+        """Visited nodes as learned; the others from their neighbours; then made non-decreasing."""
+        visited = [i for i, w in enumerate(self.weights) if w > 0]
+        if not visited:
+            return [0.0] * NODES
+        out = list(self.values)
+        first, last = visited[0], visited[-1]
+        slope = 0.0
+        if len(visited) >= 2:
+            before = visited[-2]
+            slope = max((out[last] - out[before]) / (last - before), 0.0)
+        for i in range(NODES):
+            if i < first:
+                out[i] = out[first]
+            elif i > last:
+                out[i] = out[last] + slope * (i - last)
+            elif self.weights[i] <= 0:
+                below = max(j for j in visited if j < i)
+                above = min(j for j in visited if j > i)
+                out[i] = out[below] + (out[above] - out[below]) * (i - below) / (above - below)
+        for i in range(1, NODES):
+            out[i] = max(out[i], out[i - 1])
+        return out
+
+    def predict(self, load: float, filled: list[float]) -> float:
+        u = load_position(load)
+        i = min(int(u), NODES - 2)
+        f = u - i
+        return filled[i] * (1 - f) + filled[i + 1] * f
+
+    def step(self, load: float, target: float, floor: float, cap: float) -> float:
+        """Move the two nodes around ``load`` towards ``target``, each by its share of the observation;
+        returns the error of the interpolated prediction before the step.
+
+        Each node is a running average of the observations near it (soft binning), not a coefficient of
+        the interpolation: a node between two observed loads is then never left underdetermined.
+        """
+        filled = self.filled()
+        u = load_position(load)
+        i = min(int(u), NODES - 2)
+        f = u - i
+        error = target - (filled[i] * (1 - f) + filled[i + 1] * f)
+        for j, share in ((i, 1.0 - f), (i + 1, f)):
+            if share <= 1e-9:
+                continue
+            weight = self.weights[j]
+            if weight <= 0:
+                self.values[j] = target
+                self._cache = None  # a new node: the neighbours' fill changes
+            else:
+                self.values[j] += min(max(share / (weight + share), floor * share), 1.0) * (target - self.values[j])
+            self.weights[j] = min(weight + share, cap)
+        return error
+
+    def freeze(self) -> Curve:
+        self._cache = None
+        return Curve(tuple(self.filled()), tuple(self.weights))
+
+
+@dataclass
+class _PoolState:
+    ttft: _CurveState = field(default_factory=_CurveState)
+    tpot: _CurveState = field(default_factory=_CurveState)
+    ttft_offsets: dict[int, _Cell] = field(default_factory=dict)
+    tpot_offsets: dict[str, _Cell] = field(default_factory=dict)
+    acceptance: dict[str, _Cell] = field(default_factory=dict)
+    mean_log_acceptance: _Cell = field(default_factory=_Cell)
+    ttft_var: float = INITIAL_VAR
+    tpot_var: float = INITIAL_VAR
+    samples: float = 0.0
+    last_observed_s: float | None = None
+
+
+class Learner:
+    """Mutable learning state of one gateway (or one simulation). Not thread-safe: one owner feeds it."""
+
+    def __init__(self, learning_rate: float = 0.05) -> None:
+        self.set_learning_rate(learning_rate)
+        self._pools: dict[str, _PoolState] = {}
+        self._lengths: dict[str, deque[int]] = {}
+        self._all_lengths: deque[int] = deque(maxlen=LENGTH_WINDOW * 2)
+        self.observations = 0
+        self._frozen: LatencyModel | None = None
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self.floor = learning_rate
+        self.cap = 1.0 / learning_rate  # a weight never exceeds what the forgetting keeps
+
+    def observe(self, obs: Observation) -> None:
+        if obs.total_s <= 0 or (obs.ttft_s is not None and obs.ttft_s <= 0):
+            return
+        state = self._pools.setdefault(obs.pool, _PoolState())
+        floor, cap = self.floor, self.cap
+        ttft_offset = state.ttft_offsets.setdefault(prompt_bin(obs.prompt_tokens), _Cell())
+        ttft = obs.ttft_s
+        if ttft is not None:
+            error = _fit(state.ttft, ttft_offset, obs.load, math.log(ttft), floor, cap)
+            state.ttft_var += floor * (error * error - state.ttft_var)
+        else:  # a whole reply: take the first token's share from what the streams taught (none: nothing)
+            ttft = _known_ttft(state, ttft_offset, obs.load, obs.total_s)
+        if obs.output_tokens >= 2 and obs.total_s > ttft:
+            self._observe_tpot(state, obs, ttft)
+        self._remember_length(obs.segment, obs.output_tokens)
+        state.samples = min(state.samples + 1.0, cap * 4)
+        state.last_observed_s = obs.at_s
+        self.observations += 1
+        self._frozen = None
+
+    def _observe_tpot(self, state: _PoolState, obs: Observation, ttft: float) -> None:
+        floor, cap = self.floor, self.cap
+        target = math.log((obs.total_s - ttft) / (obs.output_tokens - 1))
+        offset = state.tpot_offsets.setdefault(obs.segment, _Cell())
+        if obs.acceptance_length is not None and obs.acceptance_length >= 1.0:
+            log_a = math.log(obs.acceptance_length)
+            state.mean_log_acceptance.step(log_a, 1.0, floor, cap)
+            state.acceptance.setdefault(obs.segment, _Cell()).step(obs.acceptance_length, 1.0, floor, cap)
+            offset.step(state.mean_log_acceptance.value - log_a, 1.0, floor, cap)
+            # the step time at this load for a request of the pool's mean acceptance
+            error = state.tpot.step(obs.load, target - offset.value * _shrink(offset), floor, cap)
+        else:
+            error = _fit(state.tpot, offset, obs.load, target, floor, cap)
+        state.tpot_var += floor * (error * error - state.tpot_var)
+
+    def acceptance_length(self, pool: str, segment: str) -> float | None:
+        """The mean acceptance length learned for a segment on a pool (from vLLM's per-request metrics)."""
+        state = self._pools.get(pool)
+        cell = state.acceptance.get(segment) if state is not None else None
+        return cell.value if cell is not None and cell.weight >= 3 else None
+
+    def _remember_length(self, segment: str, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        window = self._lengths.get(segment)
+        if window is None:
+            window = self._lengths[segment] = deque(maxlen=LENGTH_WINDOW)
+        window.append(tokens)
+        self._all_lengths.append(tokens)
+
+    def model(self, now_s: float = 0.0) -> LatencyModel:
+        """The current state as an immutable model (rebuilt only after new observations)."""
+        if self._frozen is not None:
+            return self._frozen
+        pools = {name: _freeze_pool(state) for name, state in self._pools.items()}
+        lengths = {seg: Lengths.of(list(window)) for seg, window in self._lengths.items() if window}
+        everything = Lengths.of(list(self._all_lengths)) if self._all_lengths else None
+        self._frozen = LatencyModel(pools, lengths, everything, self.observations, now_s)
+        return self._frozen
+
+    # -- sharing (gateway.adaptive.shared turns these into Redis estimates) ----------------------------
+    def export(self) -> dict[str, tuple[float, float]]:
+        """Every learned number as ``name -> (value, weight)``."""
+        out: dict[str, tuple[float, float]] = {}
+        for pool, state in self._pools.items():
+            for curve_name, curve in (("ttft", state.ttft), ("tpot", state.tpot)):
+                for i, (value, weight) in enumerate(zip(curve.values, curve.weights, strict=True)):
+                    if weight > 0:
+                        out[f"{pool}|{curve_name}|node|{i}"] = (value, weight)
+            for key, cell in state.ttft_offsets.items():
+                out[f"{pool}|ttft|off|{key}"] = (cell.value, cell.weight)
+            for seg, cell in state.tpot_offsets.items():
+                out[f"{pool}|tpot|off|{seg}"] = (cell.value, cell.weight)
+            for seg, cell in state.acceptance.items():
+                out[f"{pool}|acc|off|{seg}"] = (cell.value, cell.weight)
+            out[f"{pool}|var|ttft|-"] = (state.ttft_var, state.samples)
+            out[f"{pool}|var|tpot|-"] = (state.tpot_var, state.samples)
+            out[f"{pool}|mla|-|-"] = (state.mean_log_acceptance.value, state.mean_log_acceptance.weight)
+        for seg, window in self._lengths.items():
+            for q, value in enumerate(_quantiles(window)):
+                out[f"-|len|{seg}|{q}"] = (float(value), float(len(window)))
+        return out
+
+    def absorb(self, shared: Mapping[str, tuple[float, float]]) -> None:
+        """Blend numbers learned elsewhere (other gateway replicas) into this state, weighted by samples.
+
+        A number this learner knows better than the others is barely moved; one it has never seen is taken
+        as it is. Weights are not summed (the others keep their own), so repeated syncs converge instead of
+        counting the same requests twice.
+        """
+        lengths: dict[str, list[tuple[int, float, float]]] = {}
+        for name, (value, weight) in shared.items():
+            pool, kind, part, key = name.split("|", 3)
+            if kind == "len":
+                lengths.setdefault(part, []).append((int(key), value, weight))
+                continue
+            if weight <= 0 or not math.isfinite(value):
+                continue
+            self._absorb_one(self._pools.setdefault(pool, _PoolState()), kind, part, key, value, weight)
+        for seg, quantiles in lengths.items():
+            window = self._lengths.get(seg)
+            remote_n = max(w for _, _, w in quantiles)
+            if window is None or len(window) < min(remote_n, 20):
+                values = [round(v) for _, v, _ in sorted(quantiles)]
+                self._lengths[seg] = deque(values, maxlen=LENGTH_WINDOW)
+                self._all_lengths.extend(values)
+        self._frozen = None
+
+    def _absorb_one(self, state: _PoolState, kind: str, part: str, key: str, value: float, weight: float) -> None:
+        if part == "node":
+            curve = state.ttft if kind == "ttft" else state.tpot
+            i = int(key)
+            curve.values[i], curve.weights[i] = _blend(curve.values[i], curve.weights[i], value, weight)
+        elif part == "off":
+            if kind == "ttft":
+                cell = state.ttft_offsets.setdefault(int(key), _Cell())
+            elif kind == "tpot":
+                cell = state.tpot_offsets.setdefault(key, _Cell())
+            else:
+                cell = state.acceptance.setdefault(key, _Cell())
+            cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
+        elif kind == "var":
+            local = state.ttft_var if part == "ttft" else state.tpot_var
+            blended, _ = _blend(local, state.samples, value, weight)
+            if part == "ttft":
+                state.ttft_var = blended
+            else:
+                state.tpot_var = blended
+            state.samples = max(state.samples, min(weight, self.cap * 4))
+        elif kind == "mla":
+            cell = state.mean_log_acceptance
+            cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
+
+
+def _fit(curve: _CurveState, offset: _Cell, load: float, target: float, floor: float, cap: float) -> float:
+    """One step of the additive model ``target ~ curve(load) + offset``; returns the curve's error.
+
+    The curve learns the pool's level at each load over whatever mix of requests it serves; the offset
+    learns what the curve leaves over for its cell. (Fitting both to each other's residuals lets a common
+    constant drift between them, and nodes learned at different times then disagree.)
+    """
+    error = curve.step(load, target, floor, cap)
+    offset.step(target - curve.predict(load, curve.filled()), 1.0, floor, cap)
+    return error
+
+
+def _known_ttft(state: _PoolState, offset: _Cell, load: float, total_s: float) -> float:
+    """The predicted first-token time at ``load`` (capped at half the total), or 0 with no stream seen yet."""
+    if not any(w > 0 for w in state.ttft.weights):
+        return 0.0
+    predicted = math.exp(state.ttft.predict(load, state.ttft.filled()) + offset.value * _shrink(offset))
+    return min(predicted, total_s / 2)
+
+
+def _blend(local: float, local_w: float, remote: float, remote_w: float) -> tuple[float, float]:
+    total = local_w + remote_w
+    return (local * local_w + remote * remote_w) / total, max(local_w, remote_w)
+
+
+def _shrink(cell: _Cell) -> float:
+    return min(1.0, cell.weight / SHRINK)  # as Offset.shrunk
+
+
+def _quantiles(window: Iterable[int], count: int = 20) -> list[int]:
+    ordered = sorted(window)
+    if not ordered:
+        return []
+    return [ordered[min(len(ordered) - 1, (2 * q + 1) * len(ordered) // (2 * count))] for q in range(count)]
+
+
+def _freeze_pool(state: _PoolState) -> PoolModel:
+    return PoolModel(
+        ttft=state.ttft.freeze(),
+        tpot=state.tpot.freeze(),
+        ttft_offsets={k: Offset(c.value, c.weight) for k, c in state.ttft_offsets.items()},
+        tpot_offsets={k: Offset(c.value, c.weight) for k, c in state.tpot_offsets.items()},
+        ttft_var=state.ttft_var,
+        tpot_var=state.tpot_var,
+        samples=state.samples,
+        acceptance={k: Offset(c.value, c.weight) for k, c in state.acceptance.items()},
+        last_observed_s=state.last_observed_s,
+    )

@@ -1,0 +1,196 @@
+"""The learned latency model: immutable data and pure predictions (no I/O, no clock, no randomness).
+
+For each pool the model predicts a request's latency from its features and the pool's load:
+
+    e2e  = ttft + (expected output tokens - 1) x tpot
+    ttft = exp(ttft_curve(load) + ttft_offset[prompt size])          queue wait and prefill included
+    tpot = exp(tpot_curve(load) + tpot_offset[segment])              segment = task (+ "/copy" cue)
+
+Each curve is piecewise linear in ``log2(1 + load)`` (nodes at load 0, 1, 3, 7, ... 2047) and non-decreasing:
+latency never falls when load rises. Offsets are shrunk towards 0 by their sample weight, so a segment
+seen a few times moves the prediction a little. The expected output length is ``E[min(L, max_tokens)]``
+over the recent lengths of the segment. The learner (:mod:`gateway.adaptive.learner`) builds these
+objects from finished requests; :mod:`gateway.adaptive.policy` compares the two pools' predictions.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+NODES = 12  # load grid: 2**i - 1 for i in 0..11
+PROMPT_BINS = (128, 512, 2048)  # prompt-token edges: bins 0..3
+SHRINK = 4.0  # an offset with weight w counts min(1, w / SHRINK) of its value: a few samples move it a little
+Z = 1.64  # interval half-width in log-sigmas (~90 %)
+
+
+def load_position(load: float) -> float:
+    """Where ``load`` falls on the node grid: ``log2(1 + load)`` clipped to the grid."""
+    return min(max(math.log2(1.0 + max(load, 0.0)), 0.0), NODES - 1.0)
+
+
+def prompt_bin(prompt_tokens: int) -> int:
+    return bisect_right(PROMPT_BINS, prompt_tokens)
+
+
+def segment_of(task: str, copy: bool) -> str:
+    """The unit output length and acceptance are learned for: the task, split by the copy cue."""
+    return f"{task}/copy" if copy else task
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """Log-seconds as a non-decreasing piecewise-linear function of ``log2(1 + load)``."""
+
+    values: tuple[float, ...]  # one per node, unvisited nodes filled from their neighbours
+    weights: tuple[float, ...]  # effective samples near each node
+
+    def at(self, load: float) -> tuple[float, float]:
+        """The value at ``load`` and the sample weight behind it."""
+        u = load_position(load)
+        i = min(int(u), NODES - 2)
+        f = u - i
+        values, weights = self.values, self.weights
+        return values[i] + f * (values[i + 1] - values[i]), weights[i] * (1 - f) + weights[i + 1] * f
+
+
+@dataclass(frozen=True, slots=True)
+class Offset:
+    value: float  # log-seconds, before shrinking
+    weight: float
+
+    @property
+    def shrunk(self) -> float:
+        return self.value * min(1.0, self.weight / SHRINK)
+
+
+_NO_OFFSET = Offset(0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolModel:
+    """What was learned about one pool."""
+
+    ttft: Curve
+    tpot: Curve
+    ttft_offsets: Mapping[int, Offset]  # by prompt bin
+    tpot_offsets: Mapping[str, Offset]  # by segment
+    ttft_var: float  # residual variance of log TTFT
+    tpot_var: float  # residual variance of log TPOT
+    samples: float  # effective samples (decayed)
+    acceptance: Mapping[str, Offset] = field(default_factory=dict)  # mean acceptance length per segment
+    last_observed_s: float | None = None  # the learner's clock at the last observation
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """Recent output lengths of one segment, sorted, with prefix sums for ``E[min(L, cap)]`` in O(log n)."""
+
+    sorted_tokens: tuple[int, ...]
+    prefix: tuple[int, ...]  # prefix[i] = sum of the first i lengths
+
+    @classmethod
+    def of(cls, tokens: list[int]) -> Lengths:
+        ordered = sorted(tokens)
+        prefix = [0]
+        for value in ordered:
+            prefix.append(prefix[-1] + value)
+        return cls(tuple(ordered), tuple(prefix))
+
+    @property
+    def count(self) -> int:
+        return len(self.sorted_tokens)
+
+    def expected(self, cap: int) -> float:
+        """``E[min(L, cap)]`` over the sample."""
+        n = len(self.sorted_tokens)
+        below = bisect_right(self.sorted_tokens, cap)
+        return (self.prefix[below] + cap * (n - below)) / n
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    pool: str
+    ttft_s: float
+    e2e_s: float
+    tpot_s: float
+    output_tokens: float
+    load: float
+    low_s: float  # interval of the objective's value
+    high_s: float
+    samples: float  # weight behind the least-known part of the prediction
+    cost_s: float  # the objective plus the delay this request adds to the others on the pool
+
+    def value(self, objective: str) -> float:
+        return self.ttft_s if objective == "ttft" else self.e2e_s
+
+
+_EMPTY_POOLS: Mapping[str, PoolModel] = MappingProxyType({})
+_EMPTY_LENGTHS: Mapping[str, Lengths] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyModel:
+    """Both pools' models and the output lengths, swapped into the snapshot as one object."""
+
+    pools: Mapping[str, PoolModel] = field(default_factory=lambda: _EMPTY_POOLS)
+    lengths: Mapping[str, Lengths] = field(default_factory=lambda: _EMPTY_LENGTHS)
+    all_lengths: Lengths | None = None  # every segment together: the prior for a segment not seen yet
+    version: int = 0  # how many observations built it
+    built_s: float = 0.0  # the learner's clock when it was built
+
+    def samples(self, pool: str) -> float:
+        found = self.pools.get(pool)
+        return found.samples if found is not None else 0.0
+
+    def expected_tokens(self, segment: str, max_tokens: int) -> tuple[float, float]:
+        """Expected output tokens and the sample count behind it (max_tokens / 2 when nothing is known)."""
+        lengths = self.lengths.get(segment)
+        if lengths is not None and lengths.count >= 3:
+            return lengths.expected(max_tokens), lengths.count
+        if self.all_lengths is not None and self.all_lengths.count:
+            return self.all_lengths.expected(max_tokens), 0.0
+        return max_tokens / 2, 0.0
+
+    def predict(
+        self, pool: str, segment: str, prompt_tokens: int, max_tokens: int, load: float, objective: str = "e2e",
+        externality: float = 1.0,
+    ) -> Prediction | None:  # fmt: skip
+        """The pool's predicted latency for one request at ``load``, or None for a pool never observed."""
+        found = self.pools.get(pool)
+        if found is None:
+            return None
+        tokens, token_samples = self.expected_tokens(segment, max_tokens)
+        ttft_log, ttft_w = found.ttft.at(load)
+        ttft_log += found.ttft_offsets.get(prompt_bin(prompt_tokens), _NO_OFFSET).shrunk
+        if not any(found.ttft.weights):  # no stream seen: the whole time is in the per-token part
+            ttft_log = -math.inf
+        tpot_log, tpot_w = found.tpot.at(load)
+        seg = found.tpot_offsets.get(segment, _NO_OFFSET)
+        tpot_log += seg.shrunk
+        ttft, tpot = (math.exp(ttft_log) if ttft_log > -math.inf else 0.0), math.exp(tpot_log)
+        e2e = ttft + max(tokens - 1.0, 1.0) * tpot
+        # The others on the pool each run about `tokens` steps slower by the step's growth with one more request.
+        next_log, _ = found.tpot.at(load + 1.0)
+        added = max(math.exp(next_log + seg.shrunk) - tpot, 0.0) * tokens * load * externality
+        if objective == "ttft":
+            value, var, weight = ttft, found.ttft_var, ttft_w
+        else:
+            value, var = e2e, found.tpot_var + found.ttft_var / 4
+            weight = min(tpot_w, seg.weight + SHRINK)
+        sigma = math.sqrt(var * (1.0 / (weight + 1.0) + 1.0 / (found.samples + 1.0)))
+        return Prediction(
+            pool=pool,
+            ttft_s=ttft,
+            e2e_s=e2e,
+            tpot_s=tpot,
+            output_tokens=tokens,
+            load=load,
+            low_s=value * math.exp(-Z * sigma),
+            high_s=value * math.exp(Z * sigma),
+            samples=min(tpot_w, seg.weight, token_samples) if objective != "ttft" else ttft_w,
+            cost_s=value + (added if objective != "ttft" else 0.0),
+        )

@@ -1,0 +1,139 @@
+"""The ``fastest`` pool target: pick the pool whose predicted latency for this request is lower.
+
+Pure: reads the request's features, the snapshot (the learned model, each pool's load) and the rules'
+``adaptive`` block. Randomness comes only from ``features.draw``, a uniform number drawn when the request's
+features were extracted, so the same features and snapshot always give the same choice.
+
+- Warm-up: while either pool has fewer than ``min_samples`` observations, :func:`choose_fastest` returns
+  None and the rules below the ``fastest`` rule decide (the shipped file keeps the reference rules there).
+- Split, not herd: the two pools' costs (the objective plus the delay the request adds to the others on
+  the pool) are compared softly: the cheaper pool gets ``sigmoid(relative gap / split_temperature)`` of the
+  draws. A clear winner takes nearly all; near the balance point of two loaded pools traffic splits, so
+  several gateway replicas reading the same stale stats settle on a share instead of swinging together.
+- Exploration: up to ``explore_share`` of the draws go to the other pool when its prediction is uncertain
+  (few samples there) or stale, never for a request that carries an SLO header.
+- SLOs: ``x-specgate-slo-ttft-ms`` / ``x-specgate-slo-e2e-ms`` pick the pool predicted to meet them with most
+  headroom, else the fastest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gateway.adaptive.model import Prediction, segment_of
+from gateway.features import RequestFeatures
+from gateway.rules import AdaptiveConfig, RoutingRules
+from gateway.snapshot import POOL_NAMES, Snapshot, other_pool, pool_load
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    pool: str
+    reason: str
+    predictions: tuple[Prediction, ...]
+    explored: bool = False
+
+    @property
+    def predicted(self) -> Prediction | None:
+        return next((p for p in self.predictions if p.pool == self.pool), None)
+
+
+def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> tuple[Prediction, ...]:
+    """Both pools' predictions for this request (empty for a pool the model has never seen)."""
+    model = snapshot.model
+    if model is None:
+        return ()
+    objective = features.objective or rules.objective
+    segment = segment_of(features.task, features.copy)
+    out = []
+    for name in POOL_NAMES:
+        prediction = model.predict(
+            name, segment, features.prompt_tokens, features.max_tokens, pool_load(snapshot, name) + features.n - 1,
+            objective, rules.adaptive.externality,
+        )  # fmt: skip
+        if prediction is not None:
+            out.append(prediction)
+    return tuple(out)
+
+
+def is_warm(snapshot: Snapshot, config: AdaptiveConfig) -> bool:
+    model = snapshot.model
+    return model is not None and all(model.samples(name) >= config.min_samples for name in POOL_NAMES)
+
+
+def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> Choice | None:
+    """The faster pool for this request, or None while the model is warming up."""
+    config = rules.adaptive
+    if not is_warm(snapshot, config):
+        return None
+    preds = predictions(features, snapshot, rules)
+    if len(preds) < 2:
+        return None
+    objective = features.objective or rules.objective
+    slo = _slo_choice(features, preds)
+    if slo is not None:
+        return Choice(slo.pool, "fastest: slo", preds)
+    first, second = preds
+    gap = (second.cost_s - first.cost_s) / max(first.cost_s + second.cost_s, 1e-9)
+    share_first = _sigmoid(gap / config.split_temperature)
+    draw = features.draw
+    explore = config.explore_share
+    if draw < explore:
+        pool = first.pool if share_first >= 0.5 else second.pool
+        alternative = other_pool(pool)
+        if _uncertain(snapshot, alternative, preds, config, objective):
+            return Choice(alternative, "fastest: explore", preds, explored=True)
+        draw = draw / explore
+    else:
+        draw = (draw - explore) / (1.0 - explore)
+    pool = first.pool if draw < share_first else second.pool
+    return Choice(pool, "fastest", preds)
+
+
+def explore_during_warmup(
+    features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules, pool: str
+) -> bool:  # fmt: skip
+    """While warming up, send up to ``explore_share`` of requests to the pool the rules did not pick,
+    when the model knows too little about it, so that both pools get samples."""
+    if features.draw >= rules.adaptive.explore_share or features.slo_ttft_ms or features.slo_e2e_ms:
+        return False
+    model = snapshot.model
+    return model is None or model.samples(other_pool(pool)) < rules.adaptive.min_samples
+
+
+def _uncertain(
+    snapshot: Snapshot, pool: str, preds: tuple[Prediction, ...], config: AdaptiveConfig, objective: str
+) -> bool:  # fmt: skip
+    model = snapshot.model
+    assert model is not None
+    found = model.pools.get(pool)
+    if found is None:
+        return True
+    prediction = next((p for p in preds if p.pool == pool), None)
+    if prediction is None or prediction.samples < config.min_cell_samples:
+        return True
+    last = found.last_observed_s
+    return last is None or model.built_s - last > config.stale_s
+
+
+def _slo_choice(features: RequestFeatures, preds: tuple[Prediction, ...]) -> Prediction | None:
+    if not features.slo_ttft_ms and not features.slo_e2e_ms:
+        return None
+    best, best_headroom = None, -math.inf
+    for prediction in preds:
+        headroom = math.inf
+        if features.slo_ttft_ms:
+            headroom = min(headroom, 1.0 - prediction.ttft_s * 1000 / features.slo_ttft_ms)
+        if features.slo_e2e_ms:
+            headroom = min(headroom, 1.0 - prediction.e2e_s * 1000 / features.slo_e2e_ms)
+        if headroom >= 0 and headroom > best_headroom:
+            best, best_headroom = prediction, headroom
+    return best
+
+
+def _sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-min(x, 60.0)))
+    z = math.exp(max(x, -60.0))
+    return z / (1.0 + z)

@@ -1,0 +1,45 @@
+"""Sharing what the learners of several gateway replicas learned, through the shared store (Redis).
+
+Every ``model_sync_interval_s`` each replica writes its learned numbers (``Learner.export``) under its own
+name with a TTL and reads everyone's, merged by weight, back into its learner (``Learner.absorb``). A new or
+restarted replica thus starts from what the others learned. When the store is down each replica keeps
+learning alone: a failed sync is logged once per outage and retried next tick; no request ever waits on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from gateway.adaptive.learner import Learner
+from gateway.signals.store import Estimate, SharedState, SharedStateUnavailable
+
+log = logging.getLogger("specgate")
+
+
+class ModelSync:
+    def __init__(self, learner: Learner, store: SharedState, ttl_s: float, owner: str | None = None) -> None:
+        self.learner = learner
+        self.store = store
+        self.ttl_s = ttl_s
+        self.owner = owner or f"gw-{uuid.uuid4().hex[:12]}"
+        self.ok: bool | None = None  # None: not tried yet
+        self.syncs = 0
+
+    async def sync(self, now: float) -> bool:
+        """Publish this replica's numbers and take in everyone's. False when the store did not answer."""
+        exported = {name: Estimate(value, weight) for name, (value, weight) in self.learner.export().items()}
+        try:
+            await self.store.put_estimates(self.owner, exported, now, self.ttl_s)
+            shared = await self.store.get_estimates(now, self.ttl_s)
+        except SharedStateUnavailable as exc:
+            if self.ok is not False:
+                log.warning("learned model not shared: the shared store is unavailable (%s); learning alone", exc)
+            self.ok = False
+            return False
+        if self.ok is False:
+            log.info("learned model shared again through the shared store")
+        self.ok = True
+        self.syncs += 1
+        self.learner.absorb({name: (e.value, e.weight) for name, e in shared.items()})
+        return True

@@ -1,0 +1,145 @@
+"""The learner on synthetic data from the emulator's timing model: it converges, its intervals shrink with
+samples, it forgets (drift), and several learners share through export/absorb."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from backends.emulator.profiles import load_profile
+from backends.emulator.timing import TimingModel, expected_tokens_per_step
+from gateway.adaptive.learner import Learner, Observation
+from gateway.adaptive.model import LatencyModel, Lengths, load_position
+
+PROFILE = load_profile("a100-70b-draft")
+SEGMENTS = {"code/copy": 0.85, "chat": 0.55}  # per-token acceptance of each segment
+STANDARD = TimingModel(PROFILE, speculative=False)
+SPECULATIVE = TimingModel(PROFILE, speculative=True)
+
+
+def truth(pool: str, segment: str, load: float) -> tuple[float, float]:
+    """(ttft, tpot) the timing model gives a request joining ``load`` others, 100 prompt tokens."""
+    model = SPECULATIVE if pool == "speculative" else STANDARD
+    batch = int(load) + 1
+    ttft = model.step_s(batch - 1, 1, 100)
+    return ttft, model.time_per_output_token_s(batch, SEGMENTS[segment])
+
+
+def observations(rng: random.Random, count: int, noise: float = 0.1, loads: tuple[int, ...] = (0, 4, 30, 120)):
+    for _ in range(count):
+        pool = rng.choice(("standard", "speculative"))
+        segment = rng.choice(list(SEGMENTS))
+        load = rng.choice(loads)
+        ttft, tpot = truth(pool, segment, load)
+        tokens = rng.randint(50, 300)
+        ttft *= math.exp(rng.gauss(0, noise))
+        tpot *= math.exp(rng.gauss(0, noise))
+        acceptance = None
+        if pool == "speculative":
+            acceptance = expected_tokens_per_step(SEGMENTS[segment], SPECULATIVE.k)
+        yield Observation(pool, segment, 100, load, ttft, ttft + (tokens - 1) * tpot, tokens, acceptance)
+
+
+@pytest.mark.parametrize("with_acceptance", [True, False], ids=["per-request-acceptance", "timing-only"])
+def test_converges_to_the_timing_model(with_acceptance: bool) -> None:
+    learner = Learner(learning_rate=0.02)
+    for obs in observations(random.Random(1), 4000):
+        if not with_acceptance:
+            obs = Observation(obs.pool, obs.segment, obs.prompt_tokens, obs.load, obs.ttft_s, obs.total_s,
+                              obs.output_tokens)  # fmt: skip
+        learner.observe(obs)
+    model = learner.model()
+    for pool in ("standard", "speculative"):
+        for segment in SEGMENTS:
+            for load in (0, 4, 30, 120):
+                predicted = model.predict(pool, segment, 100, 256, load)
+                assert predicted is not None
+                ttft, tpot = truth(pool, segment, load)
+                assert predicted.tpot_s == pytest.approx(tpot, rel=0.12), (pool, segment, load)
+                assert predicted.ttft_s == pytest.approx(ttft, rel=0.15), (pool, segment, load)
+
+
+def test_the_learned_model_ranks_the_pools_as_the_timing_model_does() -> None:
+    learner = Learner()
+    for obs in observations(random.Random(2), 3000):
+        learner.observe(obs)
+    model = learner.model()
+    for segment in SEGMENTS:
+        for load in (0, 4, 120):
+            std = model.predict("standard", segment, 100, 200, load)
+            spec = model.predict("speculative", segment, 100, 200, load)
+            assert std is not None and spec is not None
+            true_std, true_spec = (200 * truth(p, segment, load)[1] for p in ("standard", "speculative"))
+            if abs(true_std - true_spec) > 0.15 * min(true_std, true_spec):
+                assert (std.e2e_s < spec.e2e_s) == (true_std < true_spec), (segment, load)
+
+
+def test_intervals_shrink_with_samples() -> None:
+    learner = Learner()
+    widths = []
+    rng = random.Random(3)
+    stream = observations(rng, 2000, noise=0.3, loads=(8,))
+    for seen in (5, 50, 1000):
+        while learner.observations < seen:
+            learner.observe(next(stream))
+        prediction = learner.model().predict("speculative", "chat", 100, 200, 8)
+        assert prediction is not None
+        widths.append(prediction.high_s / prediction.low_s)
+    assert widths[0] > widths[1] > widths[2]
+
+
+def test_forgets_old_data_after_a_drift() -> None:
+    """Acceptance of one segment collapses; within a few hundred of its observations the model follows."""
+    learner = Learner()
+    rng = random.Random(4)
+    for obs in observations(rng, 1500, loads=(2,)):
+        learner.observe(obs)
+    before = learner.model().predict("speculative", "code/copy", 100, 200, 2)
+    SEGMENTS["code/copy"] = 0.3
+    try:
+        for obs in observations(rng, 600, loads=(2,)):
+            learner.observe(obs)
+        after = learner.model().predict("speculative", "code/copy", 100, 200, 2)
+        _, true_tpot = truth("speculative", "code/copy", 2)
+    finally:
+        SEGMENTS["code/copy"] = 0.85
+    assert before is not None and after is not None
+    assert after.tpot_s > 1.5 * before.tpot_s
+    assert after.tpot_s == pytest.approx(true_tpot, rel=0.15)
+
+
+def test_curves_never_fall_with_load_and_fill_unvisited_nodes() -> None:
+    learner = Learner()
+    for obs in observations(random.Random(5), 500, loads=(0, 120)):
+        learner.observe(obs)
+    curve = learner.model().pools["speculative"].tpot
+    assert all(b >= a for a, b in zip(curve.values, curve.values[1:], strict=False))
+    low, mid, high = (curve.at(load)[0] for load in (0, 30, 120))
+    assert low <= mid <= high
+
+
+def test_output_length_is_learned_per_segment_and_capped_by_max_tokens() -> None:
+    lengths = Lengths.of([10, 20, 30, 1000])
+    assert lengths.expected(2000) == pytest.approx(265)
+    assert lengths.expected(25) == pytest.approx((10 + 20 + 25 + 25) / 4)
+    assert LatencyModel().expected_tokens("x", 100) == (50.0, 0.0)  # nothing known: half of max_tokens
+
+
+def test_sharing_brings_a_cold_learner_to_what_the_others_know() -> None:
+    warm, cold = Learner(), Learner()
+    for obs in observations(random.Random(6), 2000):
+        warm.observe(obs)
+    cold.absorb(warm.export())
+    a, b = warm.model(), cold.model()
+    for pool in ("standard", "speculative"):
+        pa, pb = a.predict(pool, "chat", 100, 200, 30), b.predict(pool, "chat", 100, 200, 30)
+        assert pa is not None and pb is not None
+        assert pb.e2e_s == pytest.approx(pa.e2e_s, rel=0.1)
+        assert b.samples(pool) > 10
+
+
+def test_load_position_is_log_scaled_and_clipped() -> None:
+    assert load_position(0) == 0 and load_position(1) == 1 and load_position(3) == 2
+    assert load_position(-5) == 0 and load_position(10**9) == 11

@@ -1,0 +1,35 @@
+"""``specgate bench route`` for real, short: the CPU pools behind two gateways (reference rules, adaptive)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from backends.cpu_engine import CpuPair
+from backends.workloads.loader import DATA_DIR
+from gateway.cli import main
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def test_bench_route_on_real_pools(cpu_pools: CpuPair, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "route.json"
+    code = main([
+        "bench", "route", "--standard", cpu_pools.standard.url, "--speculative", cpu_pools.speculative.url,
+        "--workload", str(DATA_DIR / "code.yaml"), "--workload", str(DATA_DIR / "chat.yaml"), "--per-category", "2",
+        "--concurrency", "1,4", "--max-tokens", "16", "--min-samples", "4", "--json", str(out),
+    ])  # fmt: skip
+    printed = capsys.readouterr().out
+    print(printed)
+    assert code == 0, printed  # no request failed, in any phase
+    result = json.loads(out.read_text())
+    phases = {(o["concurrency"], o["phase"]) for o in result["outcomes"]}
+    assert phases == {(c, p) for c in (1, 4) for p in ("standard", "speculative", "rules", "adaptive")}
+    pinned = [o for o in result["outcomes"] if o["phase"] in ("standard", "speculative")]
+    assert all(o["pool"] == o["phase"] for o in pinned)
+    assert result["learned_after"] is not None  # 4 per pool: the pinned phases warm it up
+    adaptive = [o for o in result["outcomes"] if o["phase"] == "adaptive" and o["concurrency"] == 4]
+    assert all(o["reason"].startswith("fastest") for o in adaptive)
+    assert "specgate bench route: real pools" in printed

@@ -56,6 +56,8 @@ class FakeUpstream:
 
     async def _echo(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.path_qs))
+        if request.path == "/metrics":
+            raise web.HTTPNotFound()  # the fake has no engine metrics (the gateway's scrapes must see that)
         body = await request.read()
         delay = float(request.headers.get("x-fake-delay", 0))
         if delay:

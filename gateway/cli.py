@@ -1,4 +1,4 @@
-"""The ``specgate`` command line. Each sub-command lives in its own module with ``register(subparsers)``."""
+"""The ``specgate`` command line (each sub-command lives in its own module with ``register(subparsers)``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ from collections.abc import Callable, Sequence
 
 from gateway import __version__
 
+DESCRIPTION = (
+    "specgate is a latency-aware routing gateway for LLM serving. Behind it run two vLLM pools of the same "
+    "model, one with speculative decoding and one plain; on every request specgate decides which pool will "
+    "answer faster and forwards it there. Applications change only their OpenAI base URL."
+)
+EPILOG = "Quick start: specgate serve --standard http://vllm-a:8000 --speculative http://vllm-b:8000"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specgate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="specgate", description=DESCRIPTION, epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"specgate {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for register in _commands():
@@ -24,12 +31,13 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 def _commands() -> list[Register]:
     # Sub-command modules register themselves here, one line each.
     from backends.emulator import cli as emulator_cli
-    from gateway import cli_backends, cli_bench, cli_serve
+    from gateway import cli_backends, cli_bench, cli_copies, cli_serve
 
     return [
         cli_serve.register,
         cli_backends.register,
         cli_bench.register,
+        cli_copies.register,
         emulator_cli.register_emulate,
         emulator_cli.register_simulate,
         emulator_cli.register_demo,

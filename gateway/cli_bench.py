@@ -12,12 +12,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     overhead = bench_sub.add_parser("overhead", help="gateway overhead vs direct and vs a minimal aiohttp proxy")
-    overhead.add_argument("--targets", default=None, help="comma-separated subset of the targets")
+    overhead.add_argument(
+        "--targets",
+        default=None,
+        help="comma-separated targets (default: all but specgate+json-logs and specgate+otel, which measure the "
+        "default gateway with JSON request logs or OpenTelemetry tracing on)",
+    )
     overhead.add_argument("--concurrency", default="1,64,256", help="comma-separated concurrency levels")
     overhead.add_argument("--scale", type=float, default=1.0, help="multiply request counts (0.1 for a quick run)")
     overhead.add_argument("--json", type=Path, help="also write the results as JSON")
     overhead.set_defaults(func=run_overhead)
     cli_bench_compare.register(bench_sub)
+    signals = bench_sub.add_parser(
+        "signals", help="request latency while Redis and Prometheus are healthy, slow (SIGSTOPped) or down"
+    )
+    signals.add_argument("--requests", type=int, default=1500, help="requests per condition")
+    signals.add_argument("--settle", type=float, default=3.0, help="seconds between start-up and measuring")
+    signals.set_defaults(func=run_signals)
+    hooks = bench_sub.add_parser("hooks", help="CPU per request of the JSON request log and of tracing, in-process")
+    hooks.add_argument("-n", type=int, default=20000, help="calls per run")
+    hooks.add_argument("--repeat", type=int, default=5, help="runs (the best counts)")
+    hooks.set_defaults(func=run_hooks)
     route = bench_sub.add_parser(
         "route", help="the workload through the gateway to two real pools: pinned, reference rules, adaptive"
     )
@@ -40,11 +55,28 @@ def run_overhead(args: argparse.Namespace) -> int:
     from gateway.bench import overhead
 
     targets = args.targets.split(",") if args.targets else list(overhead.TARGETS)
-    unknown = sorted(set(targets) - set(overhead.TARGETS))
+    known = (*overhead.TARGETS, *overhead.EXTRA_TARGETS)
+    unknown = sorted(set(targets) - set(known))
     if unknown:
-        raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(overhead.TARGETS)})")
+        raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(known)})")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     return overhead.main(targets, concurrency, args.scale, args.json)
+
+
+def run_signals(args: argparse.Namespace) -> int:
+    from gateway.bench import signals_latency
+    from gateway.bench.services import MissingBinary
+
+    try:
+        return signals_latency.main(args.requests, args.settle)
+    except MissingBinary as exc:
+        raise SystemExit(f"specgate bench signals: {exc}") from exc
+
+
+def run_hooks(args: argparse.Namespace) -> int:
+    from gateway.bench import hooks
+
+    return hooks.main(args.n, args.repeat)
 
 
 def run_decide(args: argparse.Namespace) -> int:

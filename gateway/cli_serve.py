@@ -11,13 +11,22 @@ from typing import Any
 
 import uvicorn
 
-from gateway import cli_rules_suggest
-from gateway.app import create_app
+from gateway import __version__, cli_rules_suggest
+from gateway.app import SpecgateApp, create_app
 from gateway.config import Settings
 from gateway.direct import DirectBodyProtocol
-from gateway.errors import RulesError
+from gateway.errors import MissingExtra, RulesError
+from gateway.logs import configure_logging
 from gateway.rules import load_rules
 from gateway.shutdown import serve
+
+log = logging.getLogger("specgate")
+
+NO_REPLICAS = (
+    "specgate: no replicas to route to: give the pools' URLs with --standard/--speculative "
+    "(or SPECGATE_STANDARD_URLS/SPECGATE_SPECULATIVE_URLS), or list them under the rules file's `pools:` "
+    "({rules})"
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,6 +37,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (default 8080)")
     serve.add_argument("--upstream-client", choices=["auto", "raw", "aiohttp", "httpx", "httpx-aiohttp"])
+    serve.add_argument(
+        "--log-format", choices=["text", "json"], help="json: JSON lines, one per finished request (default text)"
+    )
     serve.set_defaults(func=run_serve)
 
     rules = sub.add_parser("rules", help="work with rules files")
@@ -47,6 +59,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         ("host", args.host),
         ("port", args.port),
         ("upstream_client", args.upstream_client),
+        ("log_format", args.log_format),
     ):
         if value is not None:
             overrides[key] = value
@@ -62,8 +75,14 @@ def run_serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # health checks would log every poll
+    except MissingExtra as exc:
+        print(f"specgate: {exc}", file=sys.stderr)
+        return 2
+    if not app.state.pools.replicas():
+        print(NO_REPLICAS.format(rules=settings.rules_file or "the shipped gateway/rules.yaml"), file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    log_summary(app)
     # Everything built so far (FastAPI, pydantic models, the rules, metrics) lives as long as the process:
     # freezing it keeps the cyclic collector's full passes from re-scanning it (about 90k objects; full
     # passes went from ~60 ms to ~4 ms under load, see docs/architecture.md).
@@ -76,12 +95,44 @@ def run_serve(args: argparse.Namespace) -> int:
         loop="uvloop",
         http=DirectBodyProtocol,  # uvicorn's httptools protocol plus the relay's direct-write extension
         log_level=settings.log_level,
+        log_config=None if settings.log_format == "json" else uvicorn.config.LOGGING_CONFIG,  # json: via the root
         access_log=False,
         proxy_headers=False,  # routing never reads the client address; skip the middleware on the hot path
         server_header=False,
     )
     # SIGTERM drains, then exit 0: gateway/shutdown.py
     return serve(config, app.state, settings.drain_delay_s, settings.shutdown_grace_s)
+
+
+def log_summary(app: SpecgateApp) -> None:
+    """One start-up block: what this process will do, so an operator sees a misconfiguration at once."""
+    settings, state = app.state.settings, app.state
+    rules = state.ruleset.rules
+    client: str = settings.upstream_client
+    if client == "auto":
+        client = "auto (raw for http://, aiohttp for https://)"
+    lines = [
+        f"specgate {__version__} listening on http://{settings.host}:{settings.port}",
+        f"rules: {settings.rules_file or 'shipped gateway/rules.yaml'} ({len(rules.rules)} rules, "
+        f"default pool {rules.default_pool})",
+        *(
+            f"pool {name}: {', '.join(r.url for r in pool.replicas) or '(no replicas)'}"
+            for name, pool in state.pools.pools.items()
+        ),
+        f"redis: {_redacted(settings.redis_url) if settings.redis_url else 'off (state in this process only)'}",
+        f"prometheus: {settings.prometheus_url or 'off (QPS from the local or Redis window)'}",
+        f"upstream client: {client}; log format: {settings.log_format}; tracing: {settings.tracing}",
+    ]
+    log.info("start-up:\n  %s", "\n  ".join(lines))
+
+
+def _redacted(url: str) -> str:
+    """A URL without its password (a Redis URL may carry one)."""
+    head, sep, tail = url.rpartition("@")
+    if not sep:
+        return url
+    scheme, _, _ = head.partition("://")
+    return f"{scheme}://***@{tail}"
 
 
 def run_rules_check(args: argparse.Namespace) -> int:

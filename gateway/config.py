@@ -62,6 +62,8 @@ class Settings(BaseSettings):
     responses_ttl_s: float = Field(default=3600.0, gt=0)  # how long a response id maps back to its replica
     responses_max_ids: int = Field(default=100_000, ge=1)  # ids held in memory (the oldest go first)
     log_level: str = "info"
+    log_format: Literal["text", "json"] = "text"  # json: JSON lines, one per finished request (gateway/logs.py)
+    tracing: Literal["off", "otel"] = "off"  # otel: OpenTelemetry spans, OTEL_* variables (gateway/tracing.py)
 
     # Live signals (gateway/signals): vLLM /metrics scrapes, Prometheus queries, state shared through Redis.
     engine_metrics_interval_s: float = Field(default=1.0, gt=0)

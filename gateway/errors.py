@@ -13,6 +13,7 @@ GatewayError                      500 server_error
     └── UpstreamTimeout           504
 
 RulesError                        a rules file that does not validate (not an HTTP error)
+MissingExtra                      a setting needs an optional extra that is not installed (not an HTTP error)
 """
 
 from __future__ import annotations
@@ -106,3 +107,7 @@ class RulesError(Exception):
 def error_body(message: str, error_type: str, param: str | None = None, code: str | None = None) -> bytes:
     """OpenAI's error shape: ``{"error": {"message", "type", "param", "code"}}``."""
     return orjson.dumps({"error": {"message": message, "type": error_type, "param": param, "code": code}})
+
+
+class MissingExtra(RuntimeError):
+    """A setting needs an optional dependency (``pip install 'specgate[EXTRA]'``) that is not installed."""

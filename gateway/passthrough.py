@@ -147,18 +147,18 @@ class PassthroughRoute:
         state = self.state
         started = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = headers.get("x-request-id") or state.request_ids.make()
         try:
             endpoint, rid = self.table.match(scope["method"], scope["path"])
             target = upstream_target(endpoint, scope["path"], scope.get("query_string", b""))
             body = await read_body(receive, headers, state.settings.max_body_bytes)
             pinned = await self._owner(rid) if endpoint.owner and rid is not None else None
         except GatewayError as exc:
-            await send_error(send, exc)
-            state.metrics.count_request("none", "rejected", "none", exc.status_code)
+            await reject(state, send, exc, request_id, scope["path"], started)
             return
         decision = Decision(pinned.pool, "response owner", None) if pinned else passthrough_decision(state)
-        relay = PassthroughRelay(state, target, NO_FEATURES, decision, headers, started)
-        relay.method, relay.pinned = endpoint.method, pinned
+        relay = PassthroughRelay(state, target, NO_FEATURES, decision, headers, started, request_id)
+        relay.method, relay.pinned, relay.generation = endpoint.method, pinned, False
         await relay.run(body, receive, send, direct_body(scope))
 
     async def _owner(self, rid: str) -> Replica:
@@ -167,6 +167,16 @@ class PassthroughRoute:
         if replica is None:
             raise NotFound(f"Response with id '{rid}' not found.", param="response_id")
         return replica
+
+
+async def reject(
+    state: GatewayState, send: Send, exc: GatewayError, request_id: str, path: str, started: float
+) -> None:
+    """The gateway's own error, counted and logged as the proxy routes do."""
+    await send_error(send, exc, [(b"x-request-id", request_id.encode("latin-1"))])
+    state.metrics.count_request("none", "rejected", "none", exc.status_code)
+    if state.request_log is not None:
+        state.request_log.rejected(request_id, path, exc.status_code, exc.error_type, started)
 
 
 def upstream_target(endpoint: Endpoint, path: str, query: bytes) -> str:
@@ -197,8 +207,9 @@ def find_replica(state: GatewayState, url: str) -> Replica | None:
 class PassthroughRelay(_Relay):
     """The proxy's relay with a method of its own and, when ``pinned``, one replica and no retry elsewhere.
 
-    Latency histograms (TTFT, TPOT) describe generation; pass-through calls (tokenize, embeddings...) are
-    counted in the request and error counters only.
+    Latency histograms (TTFT, TPOT) and learning describe generation: pass-through calls (tokenize,
+    embeddings...) set ``generation = False`` and are counted in the request and error counters (and the request
+    log and trace, when on) only.
     """
 
     pinned: Replica | None = None
@@ -227,8 +238,3 @@ class PassthroughRelay(_Relay):
             replica.breaker.success()
         return opened
 
-    def _record(self) -> None:
-        if self.features is NO_FEATURES:
-            self.state.metrics.count_request(self.pool, self.reason, self.features.task, self.status)
-        else:
-            super()._record()

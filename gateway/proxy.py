@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -33,6 +33,9 @@ from gateway.snapshot import Snapshot
 from gateway.state import GatewayState
 from gateway.upstream import DROP_REQUEST, RawHeaders, UpstreamResponse
 
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTrace
+
 ChunkReader = Callable[[], Awaitable[bytes]]
 _USAGE_KEY = b'"completion_tokens":'
 _ACCEPTANCE_KEY = b'"mean_acceptance_length":'
@@ -51,17 +54,20 @@ class ProxyRoute:
         state = self.state
         started = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = headers.get("x-request-id") or state.request_ids.make()
         try:
             body = await read_body(receive, headers, state.settings.max_body_bytes)
             features, decision = self.route(body, headers)
         except GatewayError as exc:
-            await send_error(send, exc)
+            await send_error(send, exc, [(b"x-request-id", request_id.encode("latin-1"))])
             state.metrics.count_request("none", "rejected", "none", exc.status_code)
+            if state.request_log is not None:
+                state.request_log.rejected(request_id, self.path, exc.status_code, exc.error_type, started)
             return
         state.metrics.route_step.observe(time.perf_counter() - started)
         state.qps.record(time.monotonic())
         state.signals.record_request(time.time())
-        relay = _Relay(state, self.path, features, decision, headers, started)
+        relay = _Relay(state, self.path, features, decision, headers, started, request_id)
         await relay.run(body, receive, send, direct_body(scope))
 
     def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:
@@ -81,6 +87,7 @@ class _Relay:
 
     method = "POST"
     usage_key = _USAGE_KEY  # completion tokens in the usage object (the Responses API names them differently)
+    generation = True  # latency histograms and learning describe generation; pass-through calls set False
 
     def __init__(
         self,
@@ -90,12 +97,14 @@ class _Relay:
         decision: Decision,
         headers: dict[str, str],
         started: float,
+        request_id: str,
     ) -> None:
         self.state = state
         self.path = path
         self.features = features
         self.decision = decision
         self.forward_headers = {k: v for k, v in headers.items() if k not in DROP_REQUEST}
+        self.forward_headers["x-request-id"] = self.request_id = request_id  # vLLM takes it as its request id
         self.started = started
         self.pool = decision.pool
         self.reason = decision.reason
@@ -111,8 +120,11 @@ class _Relay:
         self.acceptance: float | None = None  # vLLM's per-request mean acceptance length, when it reports one
         self._guard: Guard | None = None
         self._writer: DirectBody | None = None
+        self._trace: RequestTrace | None = None
 
     async def run(self, body: bytes, receive: Receive, send: Send, writer: DirectBody | None = None) -> None:
+        if self.state.tracer is not None:
+            self._trace = self.state.tracer.begin(self)
         guard = self._guard = self.state.sweeper.guard(self.state.settings.first_byte_timeout_s)
         self._writer = writer
         guard.watch_disconnect(receive, writer)
@@ -179,7 +191,10 @@ class _Relay:
             guard.rearm(self.state.settings.first_byte_timeout_s)
 
     async def _attempt(self, replica: Replica, body: bytes) -> tuple[UpstreamResponse, bytes, ChunkReader | None]:
-        response = await self.state.upstream.send(replica.url + self.path, body, self.forward_headers, self.method)
+        headers = self.forward_headers
+        if self._trace is not None:
+            headers = self._trace.upstream(replica.pool, replica.url, headers)
+        response = await self.state.upstream.send(replica.url + self.path, body, headers, self.method)
         try:
             if not _is_event_stream(response.headers):
                 return response, await response.read(), None
@@ -275,6 +290,7 @@ class _Relay:
             (b"x-specgate-pool", self.pool.encode()),
             (b"x-specgate-reason", self.reason.encode("latin-1", "replace")),
             (b"x-specgate-task", self.features.task.encode("latin-1", "replace")),
+            (b"x-request-id", self.request_id.encode("latin-1", "replace")),
         ]
         predicted = self.decision.predicted
         if predicted is not None and predicted.pool == self.pool:
@@ -289,7 +305,11 @@ class _Relay:
     def _record(self) -> None:
         metrics = self.state.metrics
         metrics.count_request(self.pool, self.reason, self.features.task, self.status)
-        if self.status != 200 or self.ttft is None:
+        if self.state.request_log is not None:
+            self.state.request_log.finished(self)
+        if self._trace is not None:
+            self._trace.end(self)
+        if self.status != 200 or self.ttft is None or not self.generation:
             return
         total = time.perf_counter() - self.started
         tpot = (total - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None

@@ -30,9 +30,9 @@ from gateway.features import (
     has_copy_cue,
 )
 from gateway.guard import Guard
-from gateway.passthrough import PassthroughRelay, find_replica
+from gateway.passthrough import PassthroughRelay, find_replica, reject
 from gateway.pools import Replica
-from gateway.proxy import ChunkReader, parse_json_object, read_body, send_error
+from gateway.proxy import ChunkReader, parse_json_object, read_body
 from gateway.response_ids import ResponseOwners, StreamIdScanner, body_response_id, valid_id
 from gateway.rules import RoutingRules
 from gateway.snapshot import Snapshot
@@ -172,21 +172,21 @@ class ResponsesRoute:
         state = self.state
         started = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = headers.get("x-request-id") or state.request_ids.make()
         try:
             body = await read_body(receive, headers, state.settings.max_body_bytes)
             payload = parse_json_object(body)
             features, decision = self.route_payload(payload, headers, state.current_snapshot())
             pinned = await self._conversation_owner(payload)
         except GatewayError as exc:
-            await send_error(send, exc)
-            state.metrics.count_request("none", "rejected", "none", exc.status_code)
+            await reject(state, send, exc, request_id, self.path, started)
             return
         if pinned is not None:
             decision = Decision(pinned.pool, "previous response", None)
         state.metrics.route_step.observe(time.perf_counter() - started)
         state.qps.record(time.monotonic())
         state.signals.record_request(time.time())
-        relay = ResponsesRelay(state, self.path, features, decision, headers, started)
+        relay = ResponsesRelay(state, self.path, features, decision, headers, started, request_id)
         relay.owners, relay.pinned = self.owners, pinned
         await relay.run(body, receive, send, direct_body(scope))
 

@@ -9,7 +9,7 @@ import random
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -20,10 +20,11 @@ from gateway.adaptive.shared import ModelSync
 from gateway.breaker import breaker_policy
 from gateway.config import Settings
 from gateway.decide import Decision
-from gateway.errors import UnknownModel
+from gateway.errors import MissingExtra, UnknownModel
 from gateway.features import Classifier, RequestFeatures
 from gateway.guard import Sweeper
 from gateway.health import HealthChecker
+from gateway.logs import RequestIds, RequestLog
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet
 from gateway.qps import LocalQps
@@ -32,6 +33,9 @@ from gateway.signals.engine_poller import ScrapeTarget
 from gateway.signals.hub import SignalHub
 from gateway.snapshot import POOL_NAMES, Snapshot
 from gateway.upstream import Upstream, make_upstream
+
+if TYPE_CHECKING:
+    from gateway.tracing import RequestTracer
 
 log = logging.getLogger("specgate")
 
@@ -68,6 +72,12 @@ class GatewayState:
         self.health_rounds = 0
         self.draining = False  # set on SIGTERM (gateway/shutdown.py): /ready answers 503
         self._tasks: list[asyncio.Task[None]] = []
+        # Observability hooks of the relay; None (no per-request work) unless switched on.
+        self.request_ids = RequestIds()
+        self.request_log = RequestLog() if settings.log_format == "json" else None
+        self.tracer: RequestTracer | None = None
+        if settings.tracing == "otel":
+            self.tracer = _otel_tracer()
 
     # -- rules ---------------------------------------------------------------------------------------
     def read_rules(self) -> RoutingRules:
@@ -196,3 +206,13 @@ class GatewayState:
         self._tasks.clear()
         await self.signals.stop()
         await self.upstream.close()
+        if self.tracer is not None:
+            await self.tracer.shutdown()
+
+
+def _otel_tracer() -> RequestTracer:
+    try:
+        from gateway.tracing import RequestTracer  # imported only when tracing is on
+    except ImportError as exc:
+        raise MissingExtra(f"SPECGATE_TRACING=otel needs OpenTelemetry: pip install 'specgate[otel]' ({exc})") from exc
+    return RequestTracer()

@@ -24,7 +24,10 @@ from gateway.config import Settings
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 
 # Hop-by-hop and framing headers are never relayed; the gateway frames its own response.
-_DROP_RESPONSE = frozenset({b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date", b"server"})
+# x-request-id: the gateway sends its own (the one it forwarded, which vLLM echoes when asked to).
+_DROP_RESPONSE = frozenset(
+    {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date", b"server", b"x-request-id"}
+)
 DROP_REQUEST = frozenset(
     {
         "host",

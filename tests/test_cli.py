@@ -9,8 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway import __version__
 from gateway.bench.loadgen import wait_http
 from gateway.cli import build_parser, main
+from gateway.rules import default_rules
 from gateway.servers import free_port
 from tests.conftest import Upstreams, wait_for
 
@@ -25,6 +27,18 @@ def test_serve_quick_start_without_a_rules_file(upstreams: Upstreams, tmp_path: 
         finally:
             proc.terminate()
             proc.wait(10)
+    # One start-up summary: version, address, rules, each pool's replicas, Redis/Prometheus, upstream client.
+    logged = (tmp_path / "serve.log").read_text()
+    for expected in (
+        f"specgate {__version__} listening on http://127.0.0.1:{port}",
+        f"rules: shipped gateway/rules.yaml ({len(default_rules().rules)} rules, default pool standard)",
+        f"pool standard: {upstreams.standard_url}",
+        f"pool speculative: {upstreams.speculative_url}",
+        "redis: off",
+        "prometheus: off",
+        "upstream client: auto (raw for http://, aiohttp for https://); log format: text; tracing: off",
+    ):
+        assert expected in logged, f"{expected!r} not in the start-up log:\n{logged}"
 
 
 def _check_quick_start(url: str) -> None:
@@ -32,8 +46,13 @@ def _check_quick_start(url: str) -> None:
     wait_for(lambda: httpx.get(url + "/v1/models").json()["data"] != [], what="models discovered")
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "请总结一下这段文字"}]}
     r = httpx.post(url + "/v1/chat/completions", json=body)
-    assert r.status_code == 200 and r.headers["x-specgate-pool"] == "speculative"
-    assert r.headers["x-specgate-task"] == "summarization"
+    assert r.status_code == 200 and r.headers["x-specgate-task"] == "summarization"
+    # The shipped rules warm up on the reference rules (summaries to speculative), exploring the other pool
+    # for up to 2 % of requests so that both pools' models fill.
+    reason = r.headers["x-specgate-reason"]
+    assert reason.startswith("draft-friendly-task (warm-up)"), reason
+    expected = "standard" if reason.endswith("explore") else "speculative"
+    assert r.headers["x-specgate-pool"] == expected
 
 
 def test_serve_rejects_an_invalid_rules_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -43,9 +62,43 @@ def test_serve_rejects_an_invalid_rules_file(tmp_path: Path, capsys: pytest.Capt
     assert "default_pool" in capsys.readouterr().err
 
 
+NO_POOLS = "version: 1\npools: {standard: {replicas: []}, speculative: {replicas: []}}\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        ([], {}),  # the shipped rules list no replicas
+        (["--rules", "{rules}"], {}),
+        (["--port", "9"], {"SPECGATE_STANDARD_URLS": ""}),
+    ],
+    ids=["shipped-rules", "rules-file-without-replicas", "empty-variable"],
+)
+def test_serve_refuses_to_start_without_any_replica(
+    args: list[str], env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(NO_POOLS)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["serve", *(a.replace("{rules}", str(rules)) for a in args)]) == 2
+    err = capsys.readouterr().err
+    assert "no replicas" in err and "--standard/--speculative" in err and "`pools:`" in err
+
+
+def test_help_says_what_specgate_is(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "specgate is a latency-aware routing gateway for LLM serving." in out
+    assert "register(subparsers)" not in out
+
+
 def test_every_command_has_help() -> None:
     parser = build_parser()
-    for command in ("serve", "rules", "bench"):
+    for command in ("serve", "rules", "bench", "sync-copies"):
         with pytest.raises(SystemExit) as info:
             parser.parse_args([command, "--help"])
         assert info.value.code == 0

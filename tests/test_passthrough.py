@@ -171,9 +171,10 @@ def test_forwarded_unchanged_to_the_default_pool(
     gateway: StartGateway, upstreams: Upstreams, path: str, body: dict[str, str]
 ) -> None:
     gw = gateway()
-    response = httpx.post(f"{gw.url}{path}?drop=me", json=body, headers={"x-extra": "kept"})
+    response = httpx.post(f"{gw.url}{path}?drop=me", json=body, headers={"x-request-id": "req-42"})
     assert response.status_code == 200, response.text
     echo = response.json()
+    assert echo["request_id"] == response.headers["x-request-id"] == "req-42"  # vLLM logs it as its own
     assert (echo["upstream"], echo["method"], echo["path"], echo["query"]) == ("standard", "POST", path, "")
     assert echo["body"] == httpx.Request("POST", "http://x", json=body).content.decode()
     assert response.headers["x-specgate-pool"] == "standard"

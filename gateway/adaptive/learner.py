@@ -34,6 +34,7 @@ from gateway.adaptive.model import (
 
 INITIAL_VAR = 0.25  # log-seconds squared before any residual is seen (sigma 0.5, a factor of 1.65)
 LENGTH_WINDOW = 256  # recent output lengths kept per segment
+REFILL_EVERY = 16  # observations between refreshes of a curve's fill (also refreshed by every freeze)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +70,9 @@ class _CurveState:
     _cache: list[float] | None = field(default=None, repr=False)
 
     def filled(self) -> list[float]:
-        """:meth:`fill`, cached: within one snapshot period the observations learn against the curve as it
-        was at its start (a node seen for the first time refreshes it). The learner calls :meth:`refresh`
-        when it freezes the model. This keeps :meth:`Learner.observe` at a few microseconds."""
+        """:meth:`fill`, cached: observations learn against the curve as it was at the last refresh (every
+        REFILL_EVERY observations, every freeze, and when a node is seen for the first time). This keeps
+        :meth:`Learner.observe` at a few microseconds."""
         if self._cache is None:
             self._cache = self.fill()
         return self._cache
@@ -186,6 +187,9 @@ class Learner:
         state.last_observed_s = obs.at_s
         self.observations += 1
         self._frozen = None
+        if self.observations % REFILL_EVERY == 0:
+            state.ttft.refresh()
+            state.tpot.refresh()
 
     def _observe_tpot(self, state: _PoolState, obs: Observation, ttft: float) -> None:
         floor, cap = self.floor, self.cap

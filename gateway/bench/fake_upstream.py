@@ -68,6 +68,7 @@ class FakeUpstream:
             "path": request.path,
             "query": request.query_string,
             "content_type": request.headers.get("content-type"),
+            "request_id": request.headers.get("x-request-id"),
             "body": body.decode("utf-8", "replace"),
         }
         status = int(request.headers.get("x-fake-status", 200))

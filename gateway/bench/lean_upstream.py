@@ -2,7 +2,8 @@
 
 It answers ``POST /v1/chat/completions`` and ``POST /v1/completions`` with the same OpenAI shapes as
 :mod:`gateway.bench.fake_upstream` (``chat.completion`` / ``text_completion`` with usage; chunk events, an
-optional usage event, ``data: [DONE]``), ``GET /health`` and ``GET /v1/models``. It honours two headers:
+optional usage event, ``data: [DONE]``), ``GET /health`` and ``GET /v1/models``; ``POST /v1/traces`` accepts
+(and discards) OTLP/HTTP span exports, so a traced proxy has somewhere to send them. It honours two headers:
 
     x-fake-chunks: 64         stream events (stream requests) / completion tokens (non-stream)
     x-fake-interval: 0.02     seconds between stream events
@@ -233,6 +234,9 @@ class ServerConnection(asyncio.Protocol):
             self._answer_get(request)
         elif request.method == b"POST" and request.path in (b"/v1/chat/completions", b"/v1/completions"):
             self._answer_completion(request)
+        elif request.method == b"POST" and request.path == b"/v1/traces":  # an OTLP/HTTP sink for traced proxies
+            self.upstream.trace_exports += 1
+            self._finish(_response("200 OK", b"", request.keep_alive, b"application/x-protobuf"))
         else:
             self._finish(_error("404 Not Found", f"no route for {request.method.decode()} {request.path.decode()}",
                                 request.keep_alive))  # fmt: skip
@@ -325,6 +329,7 @@ class LeanUpstream:
         self.bodies = Bodies(model)
         self.requests = 0
         self.cancelled = 0
+        self.trace_exports = 0  # OTLP/HTTP batches received on POST /v1/traces (and discarded)
         self._tickers: dict[float, Ticker] = {}
 
     def ticker(self, interval_s: float) -> Ticker:

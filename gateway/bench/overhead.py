@@ -85,11 +85,17 @@ STARTUP_TIMEOUT_S = 90.0  # generous: a loaded 2-core machine can take long to s
 TARGETS = (
     "direct", "minimal-aiohttp-proxy", "specgate", "specgate/aiohttp", "specgate/httpx", "specgate/httpx-aiohttp"
 )  # fmt: skip
+# On request only (--targets): the default gateway with JSON request logs (to /dev/null), or with OpenTelemetry
+# tracing on (spans exported over OTLP/HTTP to the fake upstream's /v1/traces, which discards them).
+EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel")
 
 
 @contextmanager
-def process(args: list[str], cpu: set[int] | None) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def process(
+    args: list[str], cpu: set[int] | None, env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    child_env = {**os.environ, **env} if env else None
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env)
     try:
         if cpu:
             os.sched_setaffinity(proc.pid, cpu)
@@ -108,9 +114,18 @@ def proxy_command(target: str, port: int, upstream: str) -> list[str]:
     if target == "minimal-aiohttp-proxy":
         return [py, "-m", "gateway.bench.minimal_proxy", "--port", str(port), "--upstream", upstream]
     client = {"specgate": "auto", "specgate/aiohttp": "aiohttp", "specgate/httpx": "httpx",
-              "specgate/httpx-aiohttp": "httpx-aiohttp"}[target]  # fmt: skip
+              "specgate/httpx-aiohttp": "httpx-aiohttp", "specgate+json-logs": "auto",
+              "specgate+otel": "auto"}[target]  # fmt: skip
+    extra = ["--log-format", "json"] if target == "specgate+json-logs" else []
     return [py, "-m", "gateway.cli", "serve", "--standard", upstream, "--speculative", upstream,
-            "--port", str(port), "--upstream-client", client]  # fmt: skip
+            "--port", str(port), "--upstream-client", client, *extra]  # fmt: skip
+
+
+def proxy_env(target: str, upstream: str) -> dict[str, str]:
+    if target != "specgate+otel":
+        return {}
+    return {"SPECGATE_TRACING": "otel", "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{upstream}/v1/traces"}  # fmt: skip
 
 
 async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
@@ -189,7 +204,7 @@ def _run_targets(
                 console.print(f"  measured {target}")
                 continue
             port = free_port()
-            with process(proxy_command(target, port, upstream), proxy_cpu) as proc:
+            with process(proxy_command(target, port, upstream), proxy_cpu, proxy_env(target, upstream)) as proc:
                 wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
                 meter = CpuMeter(layout, upstream_proc.pid, proc.pid)
                 results += [measure(target, f"http://127.0.0.1:{port}", meter, s) for s in plan]

@@ -43,3 +43,11 @@ def test_busy_warnings_name_the_targets_other_processes_disturbed() -> None:
     [warning] = busy_warnings([result("direct", 0.5, None), result("specgate", 0.3, 0.45), result("raw", 0.3, 0.1)])
     assert "other processes took up to 45%" in warning and "specgate 45%" in warning
     assert "raw" not in warning and "direct" not in warning
+
+
+def test_the_logging_and_tracing_targets_run() -> None:
+    """`--targets specgate+json-logs,specgate+otel`: the default gateway with those switched on, no errors."""
+    plan = [Scenario("stream c2", True, 2, 8, 0.0, 30)]
+    results = run(["specgate+json-logs", "specgate+otel"], plan, Console(record=True, width=200))
+    outcomes = [(r.target, r.errors, r.requests) for r in results]
+    assert outcomes == [("specgate+json-logs", 0, 30), ("specgate+otel", 0, 30)]

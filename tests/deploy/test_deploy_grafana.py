@@ -208,7 +208,7 @@ def test_the_metrics_fixtures_live_inside_the_repository() -> None:
 def test_the_helm_chart_ships_the_same_dashboard() -> None:
     chart_copy = REPO_ROOT / "helm" / "specgate" / "dashboards" / "specgate.json"
     assert chart_copy.read_bytes() == DASHBOARD.read_bytes(), (
-        "cp deploy/grafana/dashboards/specgate.json helm/specgate/dashboards/"
+        "run `specgate sync-copies`"
     )
 
 

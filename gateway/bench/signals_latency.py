@@ -1,6 +1,7 @@
-"""Request-path latency through the gateway while Prometheus and Redis are healthy, slow, or down.
+"""``specgate bench signals``: request-path latency through the gateway while Prometheus and Redis are healthy,
+slow, or down.
 
-    python -m benchmarks.signals_latency [--requests 1500]
+    specgate bench signals [--requests 1500] [--settle 3]
 
 Starts real redis-server and prometheus processes (Debian packages; see scripts/setup/10-services.sh), two
 fake upstream pools and four gateways (uvicorn in threads), one per condition, then sends sequential chat
@@ -20,7 +21,6 @@ the gateways' background work is shared by all rows); compare the rows.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import tempfile
@@ -33,19 +33,12 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from gateway.app import create_app
+from gateway.bench.services import ManagedProcess, PrometheusServer, RedisServer, prometheus_server, redis_server
+from gateway.bench.signals_rig import CHAT, Upstreams, fake_pools, gateway_settings, prometheus_config_for
 from gateway.config import Settings
-from gateway.servers import ThreadServer
+from gateway.servers import ThreadServer, free_port
 from gateway.signals.shared_qps import SharedQps
 from gateway.signals.store import MemorySharedState
-from tests.signals.harness import CHAT, Upstreams, fake_pools, gateway_settings, prometheus_config_for
-from tests.signals.servers import (
-    ManagedProcess,
-    PrometheusServer,
-    RedisServer,
-    free_port,
-    prometheus_server,
-    redis_server,
-)
 
 CONDITIONS = ("no signals", "healthy", "slow", "down")
 
@@ -101,7 +94,8 @@ def build_gateways(workdir: Path, pools: Upstreams) -> tuple[dict[str, ThreadSer
     return gateways, processes
 
 
-def run(requests: int, settle_s: float) -> None:
+def run(requests: int, settle_s: float) -> dict[str, int]:
+    """Measure and print the table; returns the failed requests per condition."""
     latencies: dict[str, list[float]] = {name: [] for name in CONDITIONS}
     failures = dict.fromkeys(CONDITIONS, 0)
     with tempfile.TemporaryDirectory() as tmp, fake_pools() as pools, httpx.Client(timeout=10) as client:
@@ -126,6 +120,7 @@ def run(requests: int, settle_s: float) -> None:
                     failures[name] += response.status_code != 200
             details = {name: explain_status(client, gw.url) for name, gw in gateways.items()}
     print_table(latencies, failures, details, requests)
+    return failures
 
 
 def explain_status(client: httpx.Client, url: str) -> str:
@@ -153,13 +148,7 @@ def print_table(
     print(f"\nhot-path cost of SharedQps.record: {hot_path_cost():.0f} ns per request")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=1500, help="requests per condition")
-    parser.add_argument("--settle", type=float, default=3.0, help="seconds between start-up and measuring")
-    args = parser.parse_args()
-    run(args.requests, args.settle)
-
-
-if __name__ == "__main__":
-    main()
+def main(requests: int, settle_s: float) -> int:
+    """Run the benchmark; exit status 1 when a request failed in a condition where none may (all of them)."""
+    failures = run(requests, settle_s)
+    return 1 if any(failures.values()) else 0

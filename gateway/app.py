@@ -17,14 +17,16 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway import admin
 from gateway.adaptive.policy import is_warm, predictions
 from gateway.adaptive.views import model_view, prediction_view
+from gateway.auth import require_admin, require_key
 from gateway.config import Settings
 from gateway.errors import BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, UnknownModel, error_body
 from gateway.passthrough import PassthroughRoute
@@ -98,7 +100,8 @@ def create_app(
 
     @api.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> Response:
-        return Response(exc.to_json(), status_code=exc.status_code, media_type="application/json")
+        headers = {k.decode(): v.decode() for k, v in exc.headers}
+        return Response(exc.to_json(), status_code=exc.status_code, media_type="application/json", headers=headers)
 
     @api.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -128,10 +131,12 @@ def create_app(
         return JSONResponse(details, status_code=200 if ok else 503)
 
     @api.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if settings.metrics_need_admin:
+            state.access.check_admin(request.headers)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    @api.get("/v1/models")
+    @api.get("/v1/models", dependencies=[Depends(require_key)])
     async def models() -> dict[str, Any]:
         names = sorted(state.ruleset.models or state.pool_models)
         return {
@@ -139,13 +144,13 @@ def create_app(
             "data": [{"id": n, "object": "model", "created": 0, "owned_by": "specgate"} for n in names],
         }
 
-    @api.get("/v1/models/{model:path}")
+    @api.get("/v1/models/{model:path}", dependencies=[Depends(require_key)])
     async def model(model: str) -> dict[str, Any]:
         if model not in (state.ruleset.models or state.pool_models):
             raise UnknownModel(f"The model '{model}' does not exist", param="model")
         return {"id": model, "object": "model", "created": 0, "owned_by": "specgate"}
 
-    @api.post("/v1/route/explain")
+    @api.post("/v1/route/explain", dependencies=[Depends(require_admin)])
     async def explain(request: Request) -> dict[str, Any]:
         body = await request.body()
         if len(body) > settings.max_body_bytes:
@@ -179,11 +184,12 @@ def create_app(
             },
         }
 
-    @api.get("/v1/route/model")
+    @api.get("/v1/route/model", dependencies=[Depends(require_admin)])
     async def learned_model() -> dict[str, Any]:
         """What the adaptive policy learned (read-only)."""
         snapshot, rules = state.snapshot, state.ruleset.rules
         view = model_view(snapshot.model, rules, time.monotonic(), is_warm(snapshot, rules.adaptive))
         return {**view, "warm_after": state.warm_after}
 
+    admin.register(api, state)
     return SpecgateApp(state, api, routes, PassthroughRoute(state, owners))

@@ -13,6 +13,7 @@ import uvicorn
 
 from gateway import __version__, cli_rules_suggest
 from gateway.app import SpecgateApp, create_app
+from gateway.auth import KeysError
 from gateway.config import Settings
 from gateway.direct import DirectBodyProtocol
 from gateway.errors import MissingExtra, RulesError
@@ -70,8 +71,9 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
         app = create_app(settings)
-    except RulesError as exc:
-        print(f"specgate: invalid rules file {exc.source}:", file=sys.stderr)
+    except (RulesError, KeysError) as exc:
+        what = "rules file" if isinstance(exc, RulesError) else "API keys from"
+        print(f"specgate: invalid {what} {exc.source}:", file=sys.stderr)
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return 2

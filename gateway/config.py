@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from gateway.signals import DEFAULT_QPS_QUERY
@@ -84,6 +84,14 @@ class Settings(BaseSettings):
     # The learned latency model (gateway/adaptive): shared through Redis when redis_url is set.
     model_sync_interval_s: float = Field(default=2.0, gt=0)
     model_ttl_s: float = Field(default=60.0, gt=0)  # a replica's shared numbers expire this long after its last sync
+
+    # Who may use it (gateway/auth.py, docs/operating.md). No keys: the gateway is open.
+    keys_file: Path | None = None  # YAML with `keys:` (a mounted Secret)
+    keys: SecretStr | None = None  # the same YAML in a variable (an env file, a Secret's secretKeyRef)
+    admin_token: SecretStr | None = None  # for /v1/route/explain, /admin/reload (and /metrics, see below)
+    metrics_need_admin: bool = False
+    standard_api_key: SecretStr | None = None  # sent as `Authorization: Bearer` to the pool's replicas
+    speculative_api_key: SecretStr | None = None
 
     @model_validator(mode="after")
     def _no_unknown_environment(self) -> Settings:

@@ -7,6 +7,8 @@ GatewayError                      500 server_error
 │   ├── NotFound                  404 (an unknown path, a response id no replica is known to hold)
 │   ├── MethodNotAllowed          405
 │   └── BodyTooLarge              413
+├── AuthenticationError           401 invalid_api_key (a missing or wrong API key or admin token)
+├── RateLimited                   429 rate_limit_exceeded (with Retry-After and x-ratelimit-* headers)
 ├── NoHealthyBackend              503 service_unavailable
 └── UpstreamError                 502 upstream_error
     ├── UpstreamConnectError      502
@@ -25,6 +27,7 @@ class GatewayError(Exception):
     status_code = 500
     error_type = "server_error"
     code: str | None = None
+    headers: tuple[tuple[bytes, bytes], ...] = ()  # extra response headers (Retry-After, x-ratelimit-*)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -64,6 +67,25 @@ class MethodNotAllowed(InvalidRequest):
 class BodyTooLarge(InvalidRequest):
     status_code = 413
     code = "request_too_large"
+
+
+class AuthenticationError(GatewayError):
+    status_code = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class RateLimited(GatewayError):
+    """Over a per-key limit. ``error_type`` is "requests" or "tokens", as OpenAI's 429s say."""
+
+    status_code = 429
+    error_type = "requests"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, error_type: str, headers: tuple[tuple[bytes, bytes], ...]) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.headers = headers
 
 
 class NoHealthyBackend(GatewayError):

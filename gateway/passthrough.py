@@ -27,6 +27,7 @@ from types import MappingProxyType
 
 from starlette.types import Receive, Scope, Send
 
+from gateway.auth import ApiKey
 from gateway.decide import Decision
 from gateway.direct import direct_body
 from gateway.errors import (
@@ -40,6 +41,7 @@ from gateway.errors import (
 )
 from gateway.features import RequestFeatures
 from gateway.guard import Guard
+from gateway.limits import Admission
 from gateway.pools import Replica
 from gateway.proxy import ChunkReader, _Relay, read_body, send_error
 from gateway.response_ids import ID_PATTERN, ResponseOwners
@@ -148,32 +150,57 @@ class PassthroughRoute:
         started = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         request_id = headers.get("x-request-id") or state.request_ids.make()
+        admission = None
         try:
             endpoint, rid = self.table.match(scope["method"], scope["path"])
             target = upstream_target(endpoint, scope["path"], scope.get("query_string", b""))
+            key = state.access.authenticate(headers)  # before the body: no key, no upload
             body = await read_body(receive, headers, state.settings.max_body_bytes)
-            pinned = await self._owner(rid) if endpoint.owner and rid is not None else None
+            pinned = await self._owner(rid, key) if endpoint.owner and rid is not None else None
+            decision = Decision(pinned.pool, "response owner", None) if pinned else passthrough_decision(state)
+            if key is not None:
+                decision = key.steer(decision, state.snapshot)
+                admission = state.access.admit(key, NO_FEATURES.prompt_tokens, 0, time.time())
         except GatewayError as exc:
             await reject(state, send, exc, request_id, scope["path"], started)
             return
-        decision = Decision(pinned.pool, "response owner", None) if pinned else passthrough_decision(state)
         relay = PassthroughRelay(state, target, NO_FEATURES, decision, headers, started, request_id)
         relay.method, relay.pinned, relay.generation = endpoint.method, pinned, False
-        await relay.run(body, receive, send, direct_body(scope))
+        await run_relay(relay, key, admission, body, receive, send, scope)
 
-    async def _owner(self, rid: str) -> Replica:
+    async def _owner(self, rid: str, key: ApiKey | None) -> Replica:
         url = await self.owners.owner(rid)
         replica = find_replica(self.state, url) if url is not None else None
-        if replica is None:
+        if replica is None or (key is not None and key.pools is not None and replica.pool not in key.pools):
             raise NotFound(f"Response with id '{rid}' not found.", param="response_id")
         return replica
+
+
+async def run_relay(
+    relay: _Relay,
+    key: ApiKey | None,
+    admission: Admission | None,
+    body: bytes,
+    receive: Receive,
+    send: Send,
+    scope: Scope,
+) -> None:
+    """Run the relay within the caller's key: its allowed pools, its rate-limit headers, its admission finished
+    exactly once (as :class:`gateway.proxy.ProxyRoute` does)."""
+    try:
+        if key is not None:
+            relay.allowed, relay.extra_headers = key.pools, list(admission.headers) if admission else []
+        await relay.run(body, receive, send, direct_body(scope))
+    finally:
+        if admission is not None:
+            admission.finish(relay.used_tokens(relay.features.prompt_tokens))
 
 
 async def reject(
     state: GatewayState, send: Send, exc: GatewayError, request_id: str, path: str, started: float
 ) -> None:
     """The gateway's own error, counted and logged as the proxy routes do."""
-    await send_error(send, exc, [(b"x-request-id", request_id.encode("latin-1"))])
+    await send_error(send, exc, [(b"x-request-id", request_id.encode("latin-1")), *exc.headers])
     state.metrics.count_request("none", "rejected", "none", exc.status_code)
     if state.request_log is not None:
         state.request_log.rejected(request_id, path, exc.status_code, exc.error_type, started)

@@ -125,17 +125,26 @@ class PoolSet:
     def replicas(self) -> list[Replica]:
         return [r for pool in self.pools.values() for r in pool.replicas]
 
-    def acquire(self, pool: str, tokens: int, tried: frozenset[Replica] = frozenset()) -> Booking:
-        """Book the best replica in ``pool``, else in the other pool (the snapshot the decision read may be
-        older than a breaker that just opened); raise :class:`NoHealthyBackend` when none is left."""
-        replica = self.pools[pool].pick(tried) or self.pools[other_pool(pool)].pick(tried)
+    def acquire(
+        self, pool: str, tokens: int, tried: frozenset[Replica] = frozenset(), allowed: frozenset[str] | None = None
+    ) -> Booking:
+        """Book the best replica in ``pool``, else in the other pool if ``allowed`` (the snapshot the decision
+        read may be older than a breaker that just opened); raise :class:`NoHealthyBackend` when none is left."""
+        replica = self.pools[pool].pick(tried)
+        other = other_pool(pool)
+        if replica is None and (allowed is None or other in allowed):
+            replica = self.pools[other].pick(tried)
         if replica is None:
             raise NoHealthyBackend(f"no healthy replica in the {pool} pool")
         return replica.book(tokens)
 
-    def acquire_retry(self, pool: str, tokens: int, tried: frozenset[Replica]) -> Booking:
-        """A second attempt: another replica of the same pool first, then the other pool."""
+    def acquire_retry(
+        self, pool: str, tokens: int, tried: frozenset[Replica], allowed: frozenset[str] | None = None
+    ) -> Booking:
+        """A second attempt: another replica of the same pool first, then the other pool (if ``allowed``)."""
         for name in (pool, other_pool(pool)):
+            if allowed is not None and name not in allowed and name != pool:
+                continue
             replica = self.pools[name].pick(tried)
             if replica is not None:
                 return replica.book(tokens)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
+from gateway.auth import ApiKey
 from gateway.decide import Decision, decide
 from gateway.direct import DirectBody, direct_body
 from gateway.errors import (
@@ -28,10 +29,11 @@ from gateway.errors import (
 )
 from gateway.features import RequestFeatures, extract_features
 from gateway.guard import Guard
+from gateway.limits import Admission
 from gateway.pools import Booking, Replica
 from gateway.snapshot import Snapshot
 from gateway.state import GatewayState
-from gateway.upstream import DROP_REQUEST, RawHeaders, UpstreamResponse
+from gateway.upstream import RawHeaders, UpstreamResponse, forwardable
 
 if TYPE_CHECKING:
     from gateway.tracing import RequestTrace
@@ -55,23 +57,47 @@ class ProxyRoute:
         started = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         request_id = headers.get("x-request-id") or state.request_ids.make()
+        admission = None
         try:
+            key = state.access.authenticate(headers)  # before the body: no key, no upload
             body = await read_body(receive, headers, state.settings.max_body_bytes)
-            features, decision = self.route(body, headers)
+            if key is None:
+                features, decision = self.route(body, headers)
+            else:
+                body, features, decision, admission = self.route_key(key, body, headers)
         except GatewayError as exc:
-            await send_error(send, exc, [(b"x-request-id", request_id.encode("latin-1"))])
+            await send_error(send, exc, [(b"x-request-id", request_id.encode("latin-1")), *exc.headers])
             state.metrics.count_request("none", "rejected", "none", exc.status_code)
             if state.request_log is not None:
                 state.request_log.rejected(request_id, self.path, exc.status_code, exc.error_type, started)
             return
-        state.metrics.route_step.observe(time.perf_counter() - started)
-        state.qps.record(time.monotonic())
-        state.signals.record_request(time.time())
-        relay = _Relay(state, self.path, features, decision, headers, started, request_id)
-        await relay.run(body, receive, send, direct_body(scope))
+        relay = None
+        try:
+            state.metrics.route_step.observe(time.perf_counter() - started)
+            state.qps.record(time.monotonic())
+            state.signals.record_request(time.time())
+            relay = _Relay(state, self.path, features, decision, headers, started, request_id)
+            if key is not None:
+                relay.allowed, relay.extra_headers = key.pools, list(admission.headers) if admission else []
+            await relay.run(body, receive, send, direct_body(scope))
+        finally:
+            if admission is not None:  # exactly once, whatever ended the request
+                admission.finish(relay.used_tokens(features.prompt_tokens) if relay is not None else 0)
 
     def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:
         return self.route_payload(parse_json_object(body), headers, self.state.current_snapshot())
+
+    def route_key(
+        self, key: ApiKey, body: bytes, headers: dict[str, str]
+    ) -> tuple[bytes, RequestFeatures, Decision, Admission | None]:
+        """Routing for a request with an API key: its max_tokens cap, allowed pools and limits."""
+        payload = parse_json_object(body)
+        body = key.cap(payload, body)
+        snapshot = self.state.current_snapshot()
+        features, decision = self.route_payload(payload, headers, snapshot)
+        decision = key.steer(decision, snapshot)
+        cost = features.max_tokens * features.n
+        return body, features, decision, self.state.access.admit(key, features.prompt_tokens, cost, time.time())
 
     def route_payload(
         self, payload: dict[str, Any], headers: dict[str, str], snapshot: Snapshot
@@ -103,8 +129,10 @@ class _Relay:
         self.path = path
         self.features = features
         self.decision = decision
-        self.forward_headers = {k: v for k, v in headers.items() if k not in DROP_REQUEST}
+        self.forward_headers = forwardable(headers)
         self.forward_headers["x-request-id"] = self.request_id = request_id  # vLLM takes it as its request id
+        self.allowed: frozenset[str] | None = None  # the pools the caller's key may use (None: any)
+        self.extra_headers: RawHeaders = []  # x-ratelimit-* for a limited key
         self.started = started
         self.pool = decision.pool
         self.reason = decision.reason
@@ -155,7 +183,7 @@ class _Relay:
         """Book a replica and read the response head plus its first chunk; retry once on failure."""
         pools = self.state.pools
         tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
-        self.booking = pools.acquire(self.pool, tokens)
+        self.booking = pools.acquire(self.pool, tokens, allowed=self.allowed)
         if self.booking.replica.pool != self.pool:  # the decision's snapshot predates a breaker or health change
             self.pool = self.booking.replica.pool
             self.reason = f"{self.reason}; fallback: {self.pool}"
@@ -183,7 +211,7 @@ class _Relay:
             if self.retried:
                 raise error
             self.retried = True
-            self.booking = pools.acquire_retry(self.pool, tokens, frozenset({replica}))
+            self.booking = pools.acquire_retry(self.pool, tokens, frozenset({replica}), self.allowed)
             self.state.metrics.retries.labels(self.pool, self.booking.replica.pool).inc()
             if self.booking.replica.pool != self.pool:
                 self.pool = self.booking.replica.pool
@@ -192,6 +220,9 @@ class _Relay:
 
     async def _attempt(self, replica: Replica, body: bytes) -> tuple[UpstreamResponse, bytes, ChunkReader | None]:
         headers = self.forward_headers
+        pool_auth = self.state.upstream_auth.get(replica.pool)
+        if pool_auth is not None:
+            headers = {**headers, **pool_auth}
         if self._trace is not None:
             headers = self._trace.upstream(replica.pool, replica.url, headers)
         response = await self.state.upstream.send(replica.url + self.path, body, headers, self.method)
@@ -211,7 +242,7 @@ class _Relay:
         self, response: UpstreamResponse, first: bytes, chunks: ChunkReader | None, send: Send, guard: Guard
     ) -> None:
         self.status = response.status
-        headers = response.headers + self._route_headers()
+        headers = response.headers + self._route_headers() + self.extra_headers
         if chunks is None:
             headers.append((b"content-length", str(len(first)).encode()))
             guard.settle()
@@ -261,6 +292,13 @@ class _Relay:
         finally:
             if writer is not None:
                 writer.uncork()
+
+    def used_tokens(self, prompt_tokens: int) -> int:
+        """What a key's token limit is charged: nothing for a failed request; else the prompt estimate plus
+        the response's usage, or the stream events relayed (a stream cut short too)."""
+        if self.status != 200:
+            return 0
+        return prompt_tokens + (self.tokens or self.usage or max(self.events - 1, 0))
 
     def _relay_direct(self, chunk: bytes) -> bool:
         """The pipe's sink: runs in the upstream connection's read callback, once per socket read."""

@@ -14,10 +14,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from starlette.types import Receive, Scope, Send
 
+from gateway.auth import ApiKey
 from gateway.decide import Decision, decide
-from gateway.direct import direct_body
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.features import (
     Classifier,
@@ -30,7 +31,7 @@ from gateway.features import (
     has_copy_cue,
 )
 from gateway.guard import Guard
-from gateway.passthrough import PassthroughRelay, find_replica, reject
+from gateway.passthrough import PassthroughRelay, find_replica, reject, run_relay
 from gateway.pools import Replica
 from gateway.proxy import ChunkReader, parse_json_object, read_body
 from gateway.response_ids import ResponseOwners, StreamIdScanner, body_response_id, valid_id
@@ -173,22 +174,30 @@ class ResponsesRoute:
         started = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         request_id = headers.get("x-request-id") or state.request_ids.make()
+        admission = None
         try:
+            key = state.access.authenticate(headers)  # before the body: no key, no upload
             body = await read_body(receive, headers, state.settings.max_body_bytes)
             payload = parse_json_object(body)
-            features, decision = self.route_payload(payload, headers, state.current_snapshot())
-            pinned = await self._conversation_owner(payload)
+            if key is not None:
+                body = cap_output(key, payload, body)
+            snapshot = state.current_snapshot()
+            features, decision = self.route_payload(payload, headers, snapshot)
+            pinned = await self._conversation_owner(payload, key)
+            if pinned is not None:
+                decision = Decision(pinned.pool, "previous response", None)
+            if key is not None:
+                decision = key.steer(decision, snapshot)
+                admission = state.access.admit(key, features.prompt_tokens, features.max_tokens, time.time())
         except GatewayError as exc:
             await reject(state, send, exc, request_id, self.path, started)
             return
-        if pinned is not None:
-            decision = Decision(pinned.pool, "previous response", None)
         state.metrics.route_step.observe(time.perf_counter() - started)
         state.qps.record(time.monotonic())
         state.signals.record_request(time.time())
         relay = ResponsesRelay(state, self.path, features, decision, headers, started, request_id)
         relay.owners, relay.pinned = self.owners, pinned
-        await relay.run(body, receive, send, direct_body(scope))
+        await run_relay(relay, key, admission, body, receive, send, scope)
 
     def route_payload(
         self, payload: dict[str, Any], headers: dict[str, str], snapshot: Snapshot
@@ -198,11 +207,30 @@ class ResponsesRoute:
         self.state.check_model(features.model)
         return features, decide(features, snapshot, ruleset.rules)
 
-    async def _conversation_owner(self, payload: Mapping[str, Any]) -> Replica | None:
-        """The replica holding ``previous_response_id``, when the gateway knows it (else the decider's pick,
-        which answers vLLM's own 404 if it does not have it)."""
+    async def _conversation_owner(self, payload: Mapping[str, Any], key: ApiKey | None) -> Replica | None:
+        """The replica holding ``previous_response_id``, when the gateway knows it and the key may use its pool
+        (else the decider's pick, which answers vLLM's own 404 if it does not have it)."""
         previous = payload.get("previous_response_id")
         if not valid_id(previous):
             return None
         url = await self.owners.owner(previous)
-        return find_replica(self.state, url) if url is not None else None
+        replica = find_replica(self.state, url) if url is not None else None
+        if replica is not None and key is not None and key.pools is not None and replica.pool not in key.pools:
+            return None
+        return replica
+
+
+def cap_output(key: ApiKey, payload: dict[str, Any], body: bytes) -> bytes:
+    """A key's ``max_tokens`` cap on ``max_output_tokens``: over it a 400, absent it is sent (as
+    :meth:`gateway.auth.ApiKey.cap` does for chat)."""
+    cap = key.max_tokens
+    if cap is None:
+        return body
+    value = payload.get("max_output_tokens")
+    if value is None:
+        payload["max_output_tokens"] = cap
+        return orjson.dumps(payload)
+    if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+        message = f"'max_output_tokens' is {value}; this key allows at most {cap}"
+        raise InvalidRequest(message, param="max_output_tokens")
+    return body

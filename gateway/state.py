@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import random
+import socket
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.adaptive.policy import is_warm
 from gateway.adaptive.shared import ModelSync
+from gateway.auth import Access, upstream_headers
 from gateway.breaker import breaker_policy
 from gateway.config import Settings
 from gateway.decide import Decision
@@ -24,6 +27,7 @@ from gateway.errors import MissingExtra, UnknownModel
 from gateway.features import Classifier, RequestFeatures
 from gateway.guard import Sweeper
 from gateway.health import HealthChecker
+from gateway.limits import Limiter
 from gateway.logs import RequestIds, RequestLog
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet
@@ -56,6 +60,8 @@ class GatewayState:
         self.pools = PoolSet(self.metrics, rng, breaker_policy(settings))
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
+        self.upstream_auth = upstream_headers(settings)  # per pool: the Authorization sent to its replicas
+        self.access = Access(settings, Limiter(owner=f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"))
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
         self.learner = Learner()
@@ -190,6 +196,10 @@ class GatewayState:
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")
         self.add_task(self.sweeper.run(), "deadlines")
+        self.access.announce()
+        if self.settings.redis_url:
+            interval = self.settings.redis_sync_interval_s
+            self.add_task(self.access.limiter.run(self.signals.store, interval), "limits-sync")
         if self.model_sync is not None:
             self.add_task(self._model_sync_loop(self.model_sync), "model-sync")
 

@@ -23,25 +23,27 @@ from httpx_aiohttp import AiohttpTransport
 from gateway.config import Settings
 from gateway.errors import UpstreamConnectError, UpstreamError, UpstreamTimeout
 
-# Hop-by-hop and framing headers are never relayed; the gateway frames its own response.
-# x-request-id: the gateway sends its own (the one it forwarded, which vLLM echoes when asked to).
-_DROP_RESPONSE = frozenset(
-    {b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"date", b"server", b"x-request-id"}
-)
-DROP_REQUEST = frozenset(
+# Hop-by-hop and framing headers are never relayed (RFC 9110 7.6.1), nor those a Connection header names;
+# the gateway frames its own messages. x-request-id: the gateway sends its own (the one it forwarded, which
+# vLLM echoes when asked to). The client's credentials never reach a pool (a pool's own key is sent
+# instead, see gateway.auth.upstream_headers).
+HOP_BY_HOP = frozenset(
     {
-        "host",
-        "content-length",
         "connection",
         "keep-alive",
         "transfer-encoding",
         "te",
+        "trailer",
         "upgrade",
         "proxy-authorization",
+        "proxy-authenticate",
         "proxy-connection",
-        "expect",
     }
 )
+_DROP_RESPONSE = frozenset(
+    {name.encode() for name in HOP_BY_HOP} | {b"content-length", b"date", b"server", b"x-request-id"}
+)
+DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "expect", "authorization", "api-key", "x-api-key"}
 
 RawHeaders = list[tuple[bytes, bytes]]
 Sink = Callable[[bytes], bool]  # takes a body chunk; False: wait for the drain before the next one
@@ -75,7 +77,25 @@ class Upstream(Protocol):
 
 
 def relayable(raw: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]) -> RawHeaders:
-    return [(k.lower(), v) for k, v in raw if k.lower() not in _DROP_RESPONSE]
+    headers: RawHeaders = []
+    connection = b""
+    for name, value in raw:
+        name = name.lower()
+        if name not in _DROP_RESPONSE:
+            headers.append((name, value))
+        elif name == b"connection":
+            connection += b"," + value.lower()
+    named = {token.strip() for token in connection.split(b",")} - {b"", b"close", b"keep-alive"}
+    return [(k, v) for k, v in headers if k not in named] if named else headers
+
+
+def forwardable(headers: dict[str, str]) -> dict[str, str]:
+    """The client's headers a pool may see: no hop-by-hop ones, none the Connection header names."""
+    drop = DROP_REQUEST
+    connection = headers.get("connection")
+    if connection is not None:
+        drop = drop | {token.strip().lower() for token in connection.split(",")}
+    return {k: v for k, v in headers.items() if k not in drop}
 
 
 class _AiohttpResponse:

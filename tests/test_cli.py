@@ -62,6 +62,15 @@ def test_serve_rejects_an_invalid_rules_file(tmp_path: Path, capsys: pytest.Capt
     assert "default_pool" in capsys.readouterr().err
 
 
+def test_serve_rejects_invalid_keys_naming_the_entry(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECGATE_KEYS", "{keys: [{name: app, key: sk-never-printed, rpm: -1}]}")
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid API keys from SPECGATE_KEYS" in err and "keys.0.rpm" in err and "sk-never-printed" not in err
+
+
 NO_POOLS = "version: 1\npools: {standard: {replicas: []}, speculative: {replicas: []}}\n"
 
 

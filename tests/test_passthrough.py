@@ -64,9 +64,13 @@ CONTROL = [
 ]
 
 
+OWN_CALLS = frozenset({"/health", "/v1/models", "/metrics"})  # the gateway's health checks and scrapes
+
+
 def everything_seen(upstreams: Upstreams) -> list[tuple[str, str]]:
-    """What reached the fakes besides the gateway's own engine-metrics scrapes."""
-    return [seen for seen in upstreams.standard.seen + upstreams.speculative.seen if seen != ("GET", "/metrics")]
+    """(method, raw path) of what reached the fakes besides the gateway's own health checks and scrapes."""
+    seen = [*upstreams.standard.seen, *upstreams.speculative.seen]
+    return [(method, path) for method, path, _ in seen if path not in OWN_CALLS]
 
 
 @dataclass
@@ -275,3 +279,25 @@ def test_every_upstream_client_forwards_get_and_post(gateway: StartGateway, clie
     assert (version.json()["method"], version.json()["path"]) == ("GET", "/version")
     tokens = httpx.post(f"{gw.url}/tokenize", json={"prompt": "x"})
     assert (tokens.json()["method"], tokens.json()["body"]) == ("POST", '{"prompt":"x"}')
+
+
+KEYS = """
+keys:
+  - name: app
+    key: sk-app
+  - name: spec-only
+    key: sk-spec
+    pools: [speculative]
+"""
+
+
+def test_keys_guard_the_pass_through_too(gateway: StartGateway, upstreams: Upstreams) -> None:
+    gw = gateway(keys=KEYS)
+    anonymous = httpx.post(f"{gw.url}/tokenize", json={"prompt": "x"})
+    assert anonymous.status_code == 401 and anonymous.json()["error"]["type"] == "invalid_request_error"
+    assert everything_seen(upstreams) == []
+    allowed = httpx.post(f"{gw.url}/tokenize", json={"prompt": "x"}, headers={"authorization": "Bearer sk-app"})
+    assert allowed.status_code == 200 and allowed.json()["upstream"] == "standard"
+    steered = httpx.post(f"{gw.url}/tokenize", json={"prompt": "x"}, headers={"authorization": "Bearer sk-spec"})
+    assert steered.json()["upstream"] == "speculative"  # the key's pools bound the pass-through as well
+    assert "key: standard not allowed" in steered.headers["x-specgate-reason"]

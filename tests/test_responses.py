@@ -222,3 +222,20 @@ def test_explain_reads_a_responses_body(gw: EmulatedGateway) -> None:
     explained = httpx.post(f"{gw.url}/v1/route/explain", json={"max_output_tokens": 80, **CODE}).json()
     assert explained["decision"]["pool"] == "speculative" and explained["features"]["task"] == "code"
     assert explained["features"]["max_tokens"] == 80
+
+
+def test_keys_cap_and_steer_responses(emulated: tuple[EmulatedPools, Callable[..., EmulatedGateway]]) -> None:
+    pools, start = emulated
+    keys = "keys:\n  - {name: app, key: sk-app, max_tokens: 40, pools: [standard]}\n"
+    gw = start(keys=keys)
+    headers = {"authorization": "Bearer sk-app"}
+    with httpx.Client(base_url=gw.url, headers=headers, timeout=30) as client:
+        assert httpx.post(f"{gw.url}/v1/responses", json={"input": "hi"}).status_code == 401
+        over = client.post("/v1/responses", json={"model": pools.model, "input": "hi", "max_output_tokens": 41})
+        assert over.status_code == 400 and over.json()["error"]["param"] == "max_output_tokens"
+        body = {"model": pools.model, "max_output_tokens": 40, **CODE}
+        steered = client.post("/v1/responses", json=body)
+        assert steered.status_code == 200 and steered.headers["x-specgate-pool"] == "standard"
+        capped = client.post("/v1/responses", json={"model": pools.model, "input": "hi"}).json()
+        assert capped["max_output_tokens"] == 40  # the key's cap was sent
+        assert client.get(f"/v1/responses/{capped['id']}").status_code == 200

@@ -12,13 +12,14 @@ Behaviour per request comes from headers, which the gateway forwards unchanged:
 ``FakeUpstream.healthy`` switches ``/health`` between 200 and 503; ``requests`` counts what arrived and
 ``cancelled`` counts streams the client went away from. ``base_delay`` (``--delay``, or ``POST
 /fake/delay?s=1.5`` on a running process) delays every response head that sets no ``x-fake-delay``: a slow
-replica that still answers. Any other path is echoed (method, path, query, body) as JSON and noted in
-``seen``, so a test can tell exactly what the gateway forwarded, or that it forwarded nothing.
+replica that still answers. Any other path is echoed (method, path, query, body) as JSON, so a test can tell
+exactly what the gateway forwarded (``seen`` notes every request, so also that it forwarded nothing).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 import orjson
@@ -38,10 +39,11 @@ class FakeUpstream:
         self.events_sent = 0  # stream events written, over all streams
         self.last_body: dict[str, Any] | None = None
         self.last_headers: dict[str, str] = {}
-        self.seen: list[tuple[str, str]] = []  # (method, path?query) of every request to another path
+        # (method, raw path, Host) of the latest requests, health checks too; bounded for long-running use
+        self.seen: deque[tuple[str, str, str]] = deque(maxlen=10_000)
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self._record])
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._complete)
@@ -50,12 +52,17 @@ class FakeUpstream:
         app.router.add_route("*", "/{tail:.*}", self._echo)
         return app
 
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.seen.append((request.method, request.raw_path, request.headers.get("Host", "")))
+        response: web.StreamResponse = await handler(request)
+        return response
+
     async def _set_delay(self, request: web.Request) -> web.Response:
         self.base_delay = float(request.query.get("s", "0"))
         return web.Response(text=str(self.base_delay))
 
     async def _echo(self, request: web.Request) -> web.Response:
-        self.seen.append((request.method, request.path_qs))
         if request.path == "/metrics":
             raise web.HTTPNotFound()  # the fake has no engine metrics (the gateway's scrapes must see that)
         body = await request.read()
@@ -100,7 +107,8 @@ class FakeUpstream:
             return web.Response(status=status, body=orjson.dumps(error), content_type="application/json")
         count = int(h.get("x-fake-chunks", body.get("max_tokens") or 16))
         if not body.get("stream"):
-            return web.Response(body=self._completion(body, count), content_type="application/json")
+            extra = orjson.loads(h.get("x-fake-response-headers", "{}"))  # e.g. hop-by-hop ones, for tests
+            return web.Response(body=self._completion(body, count), content_type="application/json", headers=extra)
         return await self._stream(request, body, count, float(h.get("x-fake-interval", 0)), h.get("x-fake-stall-after"))
 
     def _completion(self, body: dict[str, Any], count: int) -> bytes:

@@ -87,7 +87,11 @@ TARGETS = (
 )  # fmt: skip
 # On request only (--targets): the default gateway with JSON request logs (to /dev/null), or with OpenTelemetry
 # tracing on (spans exported over OTLP/HTTP to the fake upstream's /v1/traces, which discards them).
-EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel")
+# "specgate/keys": the default gateway with an API key that has every per-key limit (high enough never to refuse),
+# so the difference to "specgate" is what authentication and limits cost. Every target gets the same header.
+EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys")
+BENCH_KEY = "sk-bench-overhead"
+BENCH_KEYS = f"keys: [{{name: bench, key: {BENCH_KEY}, rpm: 1000000000, tpm: 1000000000, concurrency: 100000}}]"
 
 
 @contextmanager
@@ -115,13 +119,15 @@ def proxy_command(target: str, port: int, upstream: str) -> list[str]:
         return [py, "-m", "gateway.bench.minimal_proxy", "--port", str(port), "--upstream", upstream]
     client = {"specgate": "auto", "specgate/aiohttp": "aiohttp", "specgate/httpx": "httpx",
               "specgate/httpx-aiohttp": "httpx-aiohttp", "specgate+json-logs": "auto",
-              "specgate+otel": "auto"}[target]  # fmt: skip
+              "specgate+otel": "auto", "specgate/keys": "auto"}[target]  # fmt: skip
     extra = ["--log-format", "json"] if target == "specgate+json-logs" else []
     return [py, "-m", "gateway.cli", "serve", "--standard", upstream, "--speculative", upstream,
             "--port", str(port), "--upstream-client", client, *extra]  # fmt: skip
 
 
 def proxy_env(target: str, upstream: str) -> dict[str, str]:
+    if target == "specgate/keys":
+        return {"SPECGATE_KEYS": BENCH_KEYS}
     if target != "specgate+otel":
         return {}
     return {"SPECGATE_TRACING": "otel", "OTEL_TRACES_EXPORTER": "otlp",
@@ -134,8 +140,8 @@ async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
         {"model": "fake-model", "stream": scenario.stream, "max_tokens": scenario.chunks,
          "messages": [{"role": "user", "content": "Tell me about the sea."}]}
     )  # fmt: skip
-    headers = {"content-type": "application/json", "x-fake-chunks": str(scenario.chunks),
-               "x-fake-interval": str(scenario.interval_s)}  # fmt: skip
+    headers = {"content-type": "application/json", "authorization": f"Bearer {BENCH_KEY}",
+               "x-fake-chunks": str(scenario.chunks), "x-fake-interval": str(scenario.interval_s)}  # fmt: skip
     request = client.request("/v1/chat/completions", body, headers)
     # Paced streams all end on a tick of the upstream's shared clock: without a stagger and a random pause the
     # workers would send their next requests in lockstep, at the very moment a proxy relays a tick's events.

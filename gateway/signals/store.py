@@ -37,6 +37,16 @@ class SharedStateUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class BucketSync:
+    """One replica's spending on a shared token bucket since its last sync (negative: given back)."""
+
+    bucket: str
+    rate: float  # refill per second
+    burst: float  # capacity
+    spent: float
+
+
+@dataclass(frozen=True, slots=True)
 class Estimate:
     """A shared running estimate (e.g. acceptance for a task, time per output token): merged by ``weight``."""
 
@@ -64,6 +74,14 @@ class SharedState(Protocol):
 
     async def get_value(self, key: str) -> str | None: ...
 
+    async def sync_limits(
+        self, owner: str, buckets: Sequence[BucketSync], inflight: Mapping[str, int], now: float, ttl_s: float
+    ) -> tuple[list[float], dict[str, int]]:
+        """Debit each bucket by what ``owner`` spent (refilled by elapsed time first; it may go into debt, down
+        to minus its burst) and return the levels; publish ``owner``'s in-flight count per key and return each
+        key's total over the owners heard from within ``ttl_s``."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -90,6 +108,12 @@ def merge_estimates(per_owner: Sequence[Mapping[str, Estimate]]) -> dict[str, Es
     return {name: Estimate(w / total, total) for name, (w, total) in merged.items() if total > 0}
 
 
+def debit(bucket: _Bucket, sync: BucketSync, now: float) -> float:
+    refill(bucket, sync.rate, sync.burst, now)
+    bucket.tokens = max(-sync.burst, bucket.tokens - sync.spent)
+    return bucket.tokens
+
+
 @dataclass(slots=True)
 class _Bucket:
     tokens: float
@@ -111,6 +135,7 @@ class MemorySharedState:
         self._estimates: dict[str, tuple[float, dict[str, Estimate]]] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._values: dict[str, tuple[str, float]] = {}  # key -> (value, monotonic expiry)
+        self._inflight: dict[str, dict[str, tuple[int, float]]] = {}
 
     async def add_requests(self, counts_by_second: Mapping[int, int], window_s: float) -> None:
         for second, count in counts_by_second.items():
@@ -148,6 +173,17 @@ class MemorySharedState:
         entry = self._values.get(key)
         return entry[0] if entry is not None and entry[1] > time.monotonic() else None
 
+    async def sync_limits(
+        self, owner: str, buckets: Sequence[BucketSync], inflight: Mapping[str, int], now: float, ttl_s: float
+    ) -> tuple[list[float], dict[str, int]]:
+        levels = [debit(self._buckets.setdefault(s.bucket, _Bucket(s.burst, now)), s, now) for s in buckets]
+        totals: dict[str, int] = {}
+        for key, count in inflight.items():
+            owners = self._inflight.setdefault(key, {})
+            owners[owner] = (count, now)
+            totals[key] = sum(n for n, at in owners.values() if now - at <= ttl_s)
+        return levels, totals
+
     async def close(self) -> None:
         return None
 
@@ -164,6 +200,20 @@ if tokens >= cost then tokens = tokens - cost; allowed = 1 end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'updated', tostring(now))
 redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 1)
 return allowed
+"""
+
+
+# A shared token bucket's sync: refill by elapsed time, debit what one replica spent (debt down to -burst).
+# The level goes back as a string: Redis would truncate a Lua number to an integer.
+_SYNC_BUCKET_LUA = """
+local rate, burst, now, spent = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'updated')
+local tokens, updated = tonumber(state[1]), tonumber(state[2])
+if tokens == nil then tokens, updated = burst, now end
+tokens = math.max(-burst, math.min(burst, tokens + math.max(0, now - updated) * rate) - spent)
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'updated', tostring(math.max(now, updated)))
+redis.call('EXPIRE', KEYS[1], math.ceil(2 * burst / rate) + 1)
+return tostring(tokens)
 """
 
 
@@ -242,11 +292,38 @@ class RedisSharedState:
         value = await self._guard("get_value", self._client.get(f"{self._prefix}val:{key}"))
         return None if value is None else str(value)
 
+    async def sync_limits(
+        self, owner: str, buckets: Sequence[BucketSync], inflight: Mapping[str, int], now: float, ttl_s: float
+    ) -> tuple[list[float], dict[str, int]]:
+        """All of it in one pipelined round trip (each bucket's script is atomic on its own)."""
+        pipe = self._client.pipeline(transaction=False)
+        for sync in buckets:
+            pipe.eval(_SYNC_BUCKET_LUA, 1, f"{self._prefix}limit:{sync.bucket}", sync.rate, sync.burst, now, sync.spent)
+        for key, count in inflight.items():
+            name = f"{self._prefix}inflight:{key}"
+            pipe.hset(name, owner, f"{count} {now!r}")
+            pipe.expire(name, math.ceil(ttl_s) + 1)
+            pipe.hgetall(name)
+        replies = await self._guard("sync_limits", pipe.execute())
+        levels = [float(level) for level in replies[: len(buckets)]]
+        owners = replies[len(buckets) + 2 :: 3]
+        totals = {key: _fresh_total(fields, now, ttl_s) for key, fields in zip(inflight, owners, strict=True)}
+        return levels, totals
+
     async def ping(self) -> bool:
         return bool(await self._guard("ping", self._client.ping()))
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _fresh_total(fields: Mapping[str, str], now: float, ttl_s: float) -> int:
+    total = 0
+    for packed in fields.values():
+        count, at = packed.split(" ", 1)
+        if now - float(at) <= ttl_s:
+            total += int(count)
+    return total
 
 
 def _decode_estimates(fields: Mapping[str, str]) -> dict[str, Estimate]:

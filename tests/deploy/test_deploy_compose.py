@@ -251,3 +251,20 @@ def test_only_the_gateway_port_is_published_on_all_interfaces(
     assert set(published) == {"gateway", "prometheus", "grafana"}
     assert published["prometheus"]["host_ip"] == published["grafana"]["host_ip"] == "127.0.0.1"
     assert published["gateway"]["published"] == "8080"
+
+
+def test_gateway_reads_its_secrets_from_an_optional_env_file(
+    docker_compose: Path, compose_env: dict[str, str], tmp_path: Path
+) -> None:
+    """No file: valid and open. With one (here a copy of the project next to a secrets file): the keys arrive."""
+    assert raw_compose()["services"]["gateway"]["env_file"] == [{"path": "./specgate-secrets.env", "required": False}]
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "specgate-secrets.env").write_text("SPECGATE_ADMIN_TOKEN=adm-1\nSPECGATE_KEYS={keys: []}\n")
+    result = run_tool(
+        [docker_compose, "--project-directory", project, "-f", COMPOSE_FILE, "--profile", "emulated", "config",
+         "--format", "json"], env=compose_env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    environment = json.loads(result.stdout)["services"]["gateway"]["environment"]
+    assert environment["SPECGATE_ADMIN_TOKEN"] == "adm-1" and environment["SPECGATE_KEYS"] == "{keys: []}"

@@ -307,3 +307,25 @@ def test_no_pod_gets_service_link_variables_that_look_like_settings(helm: Path) 
     pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"]
     pods += [d["spec"] for d in docs if d["kind"] == "Pod"]
     assert pods and all(pod["enableServiceLinks"] is False for pod in pods)
+
+
+def test_keys_admin_token_and_pool_keys_come_from_secrets(render: Render) -> None:
+    default = by_kind(render(), "Deployment")["rel-specgate-gateway"]["spec"]["template"]["spec"]
+    names = {e["name"] for e in default["containers"][0]["env"]}
+    assert not names & {"SPECGATE_KEYS_FILE", "SPECGATE_ADMIN_TOKEN", "SPECGATE_STANDARD_API_KEY"}  # open
+    docs = render(*values_args("external-redis"))
+    spec = by_kind(docs, "Deployment")["rel-specgate-gateway"]["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SPECGATE_KEYS_FILE"]["value"] == "/etc/specgate-keys/keys.yaml"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "keys")
+    assert mount == {"name": "keys", "mountPath": "/etc/specgate-keys", "readOnly": True}
+    volume = next(v for v in spec["volumes"] if v["name"] == "keys")
+    assert volume["secret"]["secretName"] == "specgate-keys"
+    assert env["SPECGATE_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "specgate-admin", "key": "admin-token"}
+    for pool in ("STANDARD", "SPECULATIVE"):
+        ref = env[f"SPECGATE_{pool}_API_KEY"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "specgate-vllm-keys", "key": pool.lower(), "optional": True}
+    test_pod = by_kind(docs, "Pod")["rel-specgate-test-request"]["spec"]["containers"][0]
+    assert test_pod["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "specgate-test-key", "key": "api-key"}
+    assert not any("value" in e for e in env.values() if "KEY" in e["name"] and e["name"] != "SPECGATE_KEYS_FILE")

@@ -1,7 +1,10 @@
 """``create_app(settings)``: builds one gateway instance; nothing lives at module level.
 
-The two proxy endpoints go to :class:`gateway.proxy.ProxyRoute` (raw ASGI, the hot path); everything else
-(health, readiness, models, metrics, explain) is a thin FastAPI handler.
+The routed endpoints go to raw ASGI routes (the hot path): chat and completions to
+:class:`gateway.proxy.ProxyRoute`, ``/v1/responses`` to :class:`gateway.responses.ResponsesRoute`; vLLM's other
+public endpoints (the allow-list in :mod:`gateway.passthrough`) to :class:`~gateway.passthrough.PassthroughRoute`;
+everything else (health, readiness, models, metrics, explain, and OpenAI's 404 for any other path) is a thin
+FastAPI handler.
 """
 
 from __future__ import annotations
@@ -17,18 +20,21 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.exceptions import HTTPException
-from starlette.types import Receive, Scope, Send
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway import admin
 from gateway.adaptive.policy import is_warm, predictions
 from gateway.adaptive.views import model_view, prediction_view
 from gateway.auth import require_admin, require_key
 from gateway.config import Settings
-from gateway.errors import BodyTooLarge, GatewayError, error_body
+from gateway.errors import BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, UnknownModel, error_body
+from gateway.passthrough import PassthroughRoute
 from gateway.pools import replica_states
 from gateway.proxy import ProxyRoute, parse_json_object
 from gateway.reload import RulesWatcher
+from gateway.response_ids import ResponseOwners
+from gateway.responses import RESPONSES_PATH, ResponsesRoute
 from gateway.state import GatewayState
 
 log = logging.getLogger("specgate")
@@ -38,18 +44,30 @@ COMPLETIONS_PATH = "/v1/completions"
 
 
 class SpecgateApp:
-    """The ASGI application: proxy paths to the lean route, the rest to FastAPI."""
+    """The ASGI application: routed paths to the lean routes, allow-listed ones to the pass-through, the rest
+    to FastAPI."""
 
-    def __init__(self, state: GatewayState, api: FastAPI, routes: dict[str, ProxyRoute]) -> None:
+    def __init__(
+        self, state: GatewayState, api: FastAPI, routes: dict[str, ASGIApp], passthrough: PassthroughRoute
+    ) -> None:
         self.state = state
         self.api = api
         self._routes = routes
+        self.passthrough = passthrough
+        table = passthrough.table
+        self._passthrough_paths = frozenset(table.exact)
+        self._passthrough_prefixes = tuple(prefix for prefix, _, _ in table.templates)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            route = self._routes.get(scope["path"])
-            if route is not None:
-                await route(scope, receive, send)
+        if scope["type"] == "http":
+            path = scope["path"]
+            if scope["method"] == "POST":
+                route = self._routes.get(path)
+                if route is not None:
+                    await route(scope, receive, send)
+                    return
+            if path in self._passthrough_paths or path.startswith(self._passthrough_prefixes):
+                await self.passthrough(scope, receive, send)
                 return
         await self.api(scope, receive, send)
 
@@ -73,21 +91,28 @@ def create_app(
 
     api = FastAPI(title="specgate", version="0.1.0", lifespan=lifespan)
     api.state.gateway = state
-    routes = {
-        CHAT_PATH: ProxyRoute(state, "chat", CHAT_PATH),
-        COMPLETIONS_PATH: ProxyRoute(state, "completions", COMPLETIONS_PATH),
-    }
+    owners = ResponseOwners(
+        settings.responses_ttl_s, settings.responses_max_ids, state.signals.store if settings.redis_url else None
+    )
+    chat, completions = ProxyRoute(state, "chat", CHAT_PATH), ProxyRoute(state, "completions", COMPLETIONS_PATH)
+    responses = ResponsesRoute(state, owners)
+    routes: dict[str, ASGIApp] = {CHAT_PATH: chat, COMPLETIONS_PATH: completions, RESPONSES_PATH: responses}
 
     @api.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> Response:
         headers = {k.decode(): v.decode() for k, v in exc.headers}
         return Response(exc.to_json(), status_code=exc.status_code, media_type="application/json", headers=headers)
 
-    @api.exception_handler(HTTPException)  # unknown paths and methods: OpenAI's shape, not FastAPI's "detail"
-    async def _http_error(_: Request, exc: HTTPException) -> Response:
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        body = error_body(str(exc.detail), kind)
-        return Response(body, status_code=exc.status_code, media_type="application/json", headers=exc.headers)
+    @api.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Any other path (vLLM's control endpoints included): OpenAI's error shape, not FastAPI's."""
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            return await _gateway_error(request, NotFound(f"Invalid URL ({where})"))
+        if exc.status_code == 405:
+            return await _gateway_error(request, MethodNotAllowed(f"Method not allowed ({where})"))
+        body = error_body(str(exc.detail), "invalid_request_error")
+        return Response(body, status_code=exc.status_code, media_type="application/json")
 
     @api.get("/health")
     async def health() -> dict[str, str]:
@@ -119,13 +144,19 @@ def create_app(
             "data": [{"id": n, "object": "model", "created": 0, "owned_by": "specgate"} for n in names],
         }
 
+    @api.get("/v1/models/{model:path}", dependencies=[Depends(require_key)])
+    async def model(model: str) -> dict[str, Any]:
+        if model not in (state.ruleset.models or state.pool_models):
+            raise UnknownModel(f"The model '{model}' does not exist", param="model")
+        return {"id": model, "object": "model", "created": 0, "owned_by": "specgate"}
+
     @api.post("/v1/route/explain", dependencies=[Depends(require_admin)])
     async def explain(request: Request) -> dict[str, Any]:
         body = await request.body()
         if len(body) > settings.max_body_bytes:
             raise BodyTooLarge(f"request body is larger than {settings.max_body_bytes} bytes")
         payload = parse_json_object(body)
-        route = routes[COMPLETIONS_PATH if "prompt" in payload else CHAT_PATH]
+        route = responses if "input" in payload else completions if "prompt" in payload else chat
         headers = {k.lower(): v for k, v in request.headers.items()}
         snapshot = state.current_snapshot()
         features, decision = route.route_payload(payload, headers, snapshot)
@@ -161,4 +192,4 @@ def create_app(
         return {**view, "warm_after": state.warm_after}
 
     admin.register(api, state)
-    return SpecgateApp(state, api, routes)
+    return SpecgateApp(state, api, routes, PassthroughRoute(state, owners))

@@ -4,6 +4,8 @@ GatewayError                      500 server_error
 ├── InvalidRequest                400 invalid_request_error
 │   ├── MalformedJSON             400
 │   ├── UnknownModel              404 model_not_found
+│   ├── NotFound                  404 (an unknown path, a response id no replica is known to hold)
+│   ├── MethodNotAllowed          405
 │   └── BodyTooLarge              413
 ├── AuthenticationError           401 invalid_api_key (a missing or wrong API key or admin token)
 ├── RateLimited                   429 rate_limit_exceeded (with Retry-After and x-ratelimit-* headers)
@@ -50,6 +52,16 @@ class MalformedJSON(InvalidRequest):
 class UnknownModel(InvalidRequest):
     status_code = 404
     code = "model_not_found"
+
+
+class NotFound(InvalidRequest):
+    """OpenAI answers an unknown URL or object with 404, ``invalid_request_error`` and a null code."""
+
+    status_code = 404
+
+
+class MethodNotAllowed(InvalidRequest):
+    status_code = 405
 
 
 class BodyTooLarge(InvalidRequest):

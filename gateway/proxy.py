@@ -111,6 +111,10 @@ class ProxyRoute:
 class _Relay:
     """Forwards one routed request, retrying once before the first byte, and records the outcome."""
 
+    method = "POST"
+    usage_key = _USAGE_KEY  # completion tokens in the usage object (the Responses API names them differently)
+    generation = True  # latency histograms and learning describe generation; pass-through calls set False
+
     def __init__(
         self,
         state: GatewayState,
@@ -221,7 +225,7 @@ class _Relay:
             headers = {**headers, **pool_auth}
         if self._trace is not None:
             headers = self._trace.upstream(replica.pool, replica.url, headers)
-        response = await self.state.upstream.send(replica.url + self.path, body, headers)
+        response = await self.state.upstream.send(replica.url + self.path, body, headers, self.method)
         try:
             if not _is_event_stream(response.headers):
                 return response, await response.read(), None
@@ -244,7 +248,7 @@ class _Relay:
             guard.settle()
             await self._send_head(send, response.status, headers, first, more_body=False)
             self.ttft = time.perf_counter() - self.started
-            self.tokens = _usage_tokens(first) or 0
+            self.tokens = _usage_tokens(first, self.usage_key) or 0
             self.usage = self.tokens or None
             if _ACCEPTANCE_KEY in first:
                 self.acceptance = _number_after(first, _ACCEPTANCE_KEY)
@@ -252,7 +256,7 @@ class _Relay:
         await self._send_head(send, response.status, headers + _STREAM_HEADERS, first, more_body=True)
         self.ttft = time.perf_counter() - self.started
         self.events = first.count(b"data: ")
-        self.usage = _usage_tokens(first)
+        self.usage = _usage_tokens(first, self.usage_key)
         loop, idle = guard.loop, self.state.settings.idle_timeout_s
         guard.deadline = loop.time() + idle
         pipe, writer = response.piper(), self._writer
@@ -305,8 +309,8 @@ class _Relay:
 
     def _count(self, chunk: bytes) -> None:
         self.events += chunk.count(b"data: ")
-        if _USAGE_KEY in chunk:
-            self.usage = _usage_tokens(chunk)
+        if self.usage_key in chunk:
+            self.usage = _usage_tokens(chunk, self.usage_key)
             if _ACCEPTANCE_KEY in chunk:
                 self.acceptance = _number_after(chunk, _ACCEPTANCE_KEY)
 
@@ -343,7 +347,7 @@ class _Relay:
             self.state.request_log.finished(self)
         if self._trace is not None:
             self._trace.end(self)
-        if self.status != 200 or self.ttft is None:
+        if self.status != 200 or self.ttft is None or not self.generation:
             return
         total = time.perf_counter() - self.started
         tpot = (total - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
@@ -357,12 +361,12 @@ def _is_event_stream(headers: RawHeaders) -> bool:
     return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
 
-def _usage_tokens(chunk: bytes) -> int | None:
-    """``usage.completion_tokens`` found by a byte search, without parsing the JSON."""
-    at = chunk.rfind(_USAGE_KEY)
+def _usage_tokens(chunk: bytes, key: bytes = _USAGE_KEY) -> int | None:
+    """``usage.completion_tokens`` (or another ``key``) found by a byte search, without parsing the JSON."""
+    at = chunk.rfind(key)
     if at < 0:
         return None
-    digits = chunk[at + len(_USAGE_KEY) : at + len(_USAGE_KEY) + 12].lstrip()
+    digits = chunk[at + len(key) : at + len(key) + 12].lstrip()
     end = 0
     while end < len(digits) and 48 <= digits[end] <= 57:
         end += 1

@@ -1,8 +1,9 @@
 """A lean HTTP/1.1 upstream client: one asyncio Protocol per connection and httptools' parser.
 
-It does only what the gateway's relay needs (POST, plain HTTP, keep-alive), so a request costs one
-``transport.write`` and a few parser callbacks instead of aiohttp's per-request machinery. Per (host, port)
-it keeps a LIFO list of idle connections (optionally capped by ``max_connections``, counting busy ones).
+It does only what the gateway's relay needs (POST, GET for the pass-through endpoints, plain HTTP, keep-alive),
+so a request costs one ``transport.write`` and a few parser callbacks instead of aiohttp's per-request machinery.
+Per (host, port) it keeps a LIFO list of idle connections (optionally capped by ``max_connections``, counting busy
+ones).
 
 A connection goes back to the pool only when its response is complete and the server allows keep-alive;
 closing an unfinished response aborts the connection, which is how a client disconnect reaches the upstream.
@@ -361,8 +362,9 @@ class RawUpstream:
         self._pools.clear()
         self._targets.clear()
 
-    async def send(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
-        pool, prefix = self._targets.get(url) or self._target(url)
+    async def send(self, url: str, body: bytes, headers: dict[str, str], method: str = "POST") -> UpstreamResponse:
+        cached = self._targets.get(url) if method == "POST" else None
+        pool, prefix = cached or self._target(url, method)
         extra = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
         request = b"".join([prefix, b"Content-Length: %d\r\n" % len(body), extra.encode("latin-1"), b"\r\n", body])
         for attempt in (1, 2):
@@ -383,7 +385,8 @@ class RawUpstream:
             return response
         raise AssertionError("unreachable")
 
-    def _target(self, url: str) -> tuple[_HostPool, bytes]:
+    def _target(self, url: str, method: str) -> tuple[_HostPool, bytes]:
+        """The host's pool and the request line + Host header; cached for POST (the proxy's requests) only."""
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname is None:
             raise UpstreamConnectError(f"the raw upstream client speaks plain http only, not {url}")
@@ -394,7 +397,9 @@ class RawUpstream:
             pool = _HostPool(parts.hostname, port, self._settings.max_connections, self._settings.connect_timeout_s)
             self._pools[key] = pool
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        prefix = f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1")
+        prefix = f"{method} {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n".encode("latin-1")
+        if method != "POST":
+            return pool, prefix
         if len(self._targets) >= _TARGET_CACHE_LIMIT:
             self._targets.clear()
         self._targets[url] = (pool, prefix)

@@ -73,7 +73,7 @@ class UpstreamResponse(Protocol):
 class Upstream(Protocol):
     async def start(self) -> None: ...
     async def close(self) -> None: ...
-    async def send(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse: ...
+    async def send(self, url: str, body: bytes, headers: dict[str, str], method: str = "POST") -> UpstreamResponse: ...
 
 
 def relayable(raw: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]) -> RawHeaders:
@@ -139,10 +139,10 @@ class AiohttpUpstream:
         if self._session is not None:
             await self._session.close()
 
-    async def send(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def send(self, url: str, body: bytes, headers: dict[str, str], method: str = "POST") -> UpstreamResponse:
         assert self._session is not None, "Upstream.start() was not awaited"
         try:
-            resp = await self._session.post(url, data=body, headers=headers)
+            resp = await self._session.request(method, url, data=body, headers=headers)
         except (aiohttp.ConnectionTimeoutError, aiohttp.ServerTimeoutError) as exc:
             raise UpstreamTimeout(f"timed out connecting to {url}") from exc
         except (aiohttp.ClientConnectionError, OSError) as exc:
@@ -200,9 +200,9 @@ class HttpxUpstream:
         if self._client is not None:
             await self._client.aclose()
 
-    async def send(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def send(self, url: str, body: bytes, headers: dict[str, str], method: str = "POST") -> UpstreamResponse:
         assert self._client is not None, "Upstream.start() was not awaited"
-        request = self._client.build_request("POST", url, content=body, headers=headers)
+        request = self._client.build_request(method, url, content=body, headers=headers)
         try:
             resp = await self._client.send(request, stream=True)
         except httpx.TimeoutException as exc:
@@ -230,10 +230,10 @@ class AutoUpstream:
         await self._plain.close()
         await self._tls.close()
 
-    async def send(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def send(self, url: str, body: bytes, headers: dict[str, str], method: str = "POST") -> UpstreamResponse:
         if url.startswith("http://"):
-            return await self._plain.send(url, body, headers)
-        return await self._tls.send(url, body, headers)
+            return await self._plain.send(url, body, headers, method)
+        return await self._tls.send(url, body, headers, method)
 
 
 def make_upstream(settings: Settings) -> Upstream:

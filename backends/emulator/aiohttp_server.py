@@ -11,7 +11,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from backends.emulator import extras
 from backends.emulator import openai_io as io
+from backends.emulator import responses_io as rio
 from backends.emulator.core import EmulatorCore, full_body, stream_events
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -21,6 +23,14 @@ def build_aiohttp_app(core: EmulatorCore) -> web.Application:
     app = web.Application(middlewares=[_errors_with_headers(core)])
     app.router.add_post("/v1/chat/completions", _completion(core, io.CHAT))
     app.router.add_post("/v1/completions", _completion(core, io.COMPLETION))
+    app.router.add_post("/v1/responses", _completion(core, rio.RESPONSES))
+    stored = _simple(core, lambda request, _: core.responses.get(request.match_info["rid"]))
+    app.router.add_get("/v1/responses/{rid}", stored)
+    cancel = _simple(core, lambda request, _: core.responses.cancel(request.match_info["rid"]))
+    app.router.add_post("/v1/responses/{rid}/cancel", cancel)
+    for path in ("/tokenize", "/detokenize", "/v1/embeddings"):
+        app.router.add_post(path, _simple(core, lambda request, raw: core.simple(request.path, raw)))
+    app.router.add_get("/version", _static(core, lambda: (extras.version(), "application/json")))
     app.router.add_get("/health", _static(core, lambda: (b"", "text/plain")))
     app.router.add_get("/v1/models", _static(core, lambda: (core.models_body(), "application/json")))
     app.router.add_get("/metrics", _static(core, core.metrics_body))
@@ -41,6 +51,17 @@ def _static(core: EmulatorCore, body: Callable[[], tuple[bytes, str]]) -> Handle
     async def handler(_: web.Request) -> web.StreamResponse:
         payload, content_type = body()
         return web.Response(body=payload, headers={**core.headers, "content-type": content_type})
+
+    return handler
+
+
+def _simple(core: EmulatorCore, answer: Callable[[web.Request, bytes], bytes]) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        try:
+            body = answer(request, await request.read())
+        except io.RequestError as exc:
+            return _error(core, exc)
+        return web.Response(body=body, headers={**core.headers, "content-type": "application/json"})
 
     return handler
 

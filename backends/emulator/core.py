@@ -22,7 +22,9 @@ from typing import Any
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from backends.emulator import extras
 from backends.emulator import openai_io as io
+from backends.emulator import responses_io as rio
 from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.profiles import Profile
 from backends.emulator.runner import EngineRunner, Ticket
@@ -61,6 +63,7 @@ class Job:
     created: int
     ticket: Ticket
     spec_k: int = 0  # draft tokens per step on a speculative engine; 0 on a standard one
+    store: rio.ResponseStore | None = None  # Responses API: where the finished response is kept
 
 
 class EmulatorCore:
@@ -80,6 +83,7 @@ class EmulatorCore:
         self.headers = {EMULATED_HEADER: "true", MODE_HEADER: config.mode}
         self._truth: dict[str, WorkloadItem] = workload.by_key() if workload is not None else {}
         self._runner_task: asyncio.Task[None] | None = None
+        self.responses = rio.ResponseStore()
 
     def ensure_running(self) -> None:
         """Start the engine loop on the running event loop (kept; stopped by :meth:`aclose`)."""
@@ -94,14 +98,19 @@ class EmulatorCore:
                 await task
 
     def parse(self, kind: str, raw: bytes) -> io.ParsedRequest:
+        if kind == rio.RESPONSES:
+            return rio.parse_responses(raw, self.config.model_name, self.config.profile.max_model_len)
         return io.parse_request(kind, raw, self.config.model_name, self.config.profile.max_model_len)
 
     def start(self, parsed: io.ParsedRequest) -> Job:
         """Admit a parsed request into the engine."""
         self.ensure_running()
         request, style = self._engine_request(parsed)
-        rid = f"{'chatcmpl' if parsed.kind == io.CHAT else 'cmpl'}-{uuid.uuid4().hex}"
         k = self.engine.model.k if self.config.speculative else 0
+        if parsed.kind == rio.RESPONSES:
+            ticket = self.runner.submit(request)
+            return Job(parsed, style, rio.new_id(), int(time.time()), ticket, k, self.responses)
+        rid = f"{'chatcmpl' if parsed.kind == io.CHAT else 'cmpl'}-{uuid.uuid4().hex}"
         return Job(parsed, style, rid, int(time.time()), self.runner.submit(request), k)
 
     def drift(self, task: str, acceptance: float) -> int:
@@ -111,6 +120,15 @@ class EmulatorCore:
                    for key, item in self._truth.items() if item.task == task}  # fmt: skip
         self._truth.update(changed)
         return len(changed)
+
+    def simple(self, path: str, raw: bytes) -> bytes:
+        """``POST /tokenize``, ``/detokenize`` or ``/v1/embeddings`` (no engine time: EMULATED shapes only)."""
+        name, max_len = self.config.model_name, self.config.profile.max_model_len
+        if path == "/tokenize":
+            return extras.tokenize(raw, name, max_len)
+        if path == "/detokenize":
+            return extras.detokenize(raw, name)
+        return extras.embeddings(raw, name)
 
     def finish(self, job: Job) -> None:
         """Release a job: a no-op when it completed, an abort when the client went away."""
@@ -178,6 +196,13 @@ async def full_body(job: Job) -> bytes | None:
         if emission.finished:
             request = job.ticket.request
             text = token_text(job.style, 0, request.generated)
+            if job.store is not None:
+                final = rio.response_object(
+                    job.parsed, job.rid, job.created, text, request.finish_reason, request.generated
+                )
+                body = orjson.dumps(final)
+                job.store.put(job.rid, body)
+                return body
             metrics = _metrics(job, accepted)
             return io.full_response(
                 job.parsed, job.rid, job.created, text, request.finish_reason, request.generated, metrics
@@ -198,6 +223,10 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
     As in vLLM, the chat role event goes out with the first engine output (after prefill), not on admission:
     a client's time to first token includes the prefill and any wait for a batch slot.
     """
+    if job.store is not None:
+        async for event in _response_events(job, job.store):
+            yield event
+        return
     parsed, produced, ticket = job.parsed, 0, job.ticket
     emission = await ticket.queue.get()
     if parsed.kind == io.CHAT and emission is not None:
@@ -216,3 +245,22 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
     if emission is not None and parsed.include_usage:
         yield io.usage_chunk(parsed, job.rid, job.created, produced, _metrics(job, accepted))
     yield io.DONE
+
+
+async def _response_events(job: Job, store: rio.ResponseStore) -> AsyncIterator[bytes]:
+    """The Responses API stream: vLLM's opening events, one text delta per engine step, the closing events."""
+    writer, produced, pieces = rio.EventWriter(job.parsed, job.rid, job.created), 0, []
+    for event in writer.opening():
+        yield event
+    while (emission := await job.ticket.queue.get()) is not None:
+        text = token_text(job.style, produced, emission.tokens)
+        produced += emission.tokens
+        pieces.append(text)
+        yield writer.delta(text)
+        if emission.finished:
+            text, finish = "".join(pieces), job.ticket.request.finish_reason
+            final = rio.response_object(job.parsed, job.rid, job.created, text, finish, produced)
+            store.put(job.rid, orjson.dumps(final))
+            for event in writer.closing(final, text):
+                yield event
+            return

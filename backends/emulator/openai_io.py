@@ -47,7 +47,7 @@ class ParsedRequest:
 
 
 def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) -> ParsedRequest:
-    body = _json_object(raw)
+    body = json_object(raw)
     model = body.get("model", served_model)
     if model != served_model:
         raise RequestError(404, f"The model `{model}` does not exist.", "model")
@@ -75,7 +75,7 @@ def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) 
     return ParsedRequest(kind, str(model), key, text, prompt_tokens, max_tokens, stream, include_usage, ignore_eos)
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
+def json_object(raw: bytes) -> dict[str, Any]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -1,8 +1,11 @@
 """An OpenAI-compatible emulated vLLM server, as a raw ASGI app (no framework on the hot path).
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (streaming: one SSE event per engine step),
-``GET /v1/models``, ``GET /health``, ``GET /metrics`` (vLLM's names) and ``GET /emulator/stats`` (how well
-the loop keeps to the emulated clock). Every response carries ``x-specgate-emulated: true``.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses`` (streaming: one SSE
+event per engine step), ``GET /v1/responses/{id}`` (and ``/cancel``), ``POST /tokenize``, ``/detokenize``,
+``/v1/embeddings`` (EMULATED contents, see :mod:`.extras`), ``GET /version``, ``GET /v1/models``,
+``GET /health``, ``GET /metrics`` (vLLM's names) and ``GET /emulator/stats`` (how well the loop keeps to the
+emulated clock).
+Every response carries ``x-specgate-emulated: true``.
 
 A request's acceptance rate and natural output length come from the workload's ground truth, looked up by a
 hash of the messages, or for unknown prompts from the profile (acceptance) and a draw seeded by that hash
@@ -18,7 +21,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from backends.emulator import extras
 from backends.emulator import openai_io as io
+from backends.emulator import responses_io as rio
 from backends.emulator.core import EmulatorConfig, EmulatorCore, Job, full_body, stream_events
 from backends.workloads.loader import Workload
 
@@ -29,7 +34,10 @@ Send = Callable[[Message], Awaitable[None]]
 
 __all__ = ["EmulatorApp", "EmulatorConfig"]
 
-_POSTS = {"/v1/chat/completions": io.CHAT, "/v1/completions": io.COMPLETION}
+_POSTS = {"/v1/chat/completions": io.CHAT, "/v1/completions": io.COMPLETION, "/v1/responses": rio.RESPONSES}
+SIMPLE_POSTS = frozenset({"/tokenize", "/detokenize", "/v1/embeddings"})
+RESPONSE_PREFIX = "/v1/responses/"
+CANCEL_SUFFIX = "/cancel"
 
 
 class EmulatorApp:
@@ -45,6 +53,7 @@ class EmulatorApp:
             "/v1/models": lambda: (self.core.models_body(), "application/json"),
             "/metrics": self.core.metrics_body,
             "/emulator/stats": lambda: (self.core.stats_body(), "application/json"),
+            "/version": lambda: (extras.version(), "application/json"),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -72,6 +81,13 @@ class EmulatorApp:
         method, path = scope["method"], scope["path"]
         if path in _POSTS and method == "POST":
             await self._complete(_POSTS[path], receive, send)
+        elif path in SIMPLE_POSTS and method == "POST":
+            await self._simple(lambda raw: self.core.simple(path, raw), receive, send)
+        elif path.startswith(RESPONSE_PREFIX) and method == "GET":
+            await self._simple(lambda _: self.core.responses.get(path[len(RESPONSE_PREFIX) :]), receive, send)
+        elif path.startswith(RESPONSE_PREFIX) and path.endswith(CANCEL_SUFFIX) and method == "POST":
+            rid = path[len(RESPONSE_PREFIX) : -len(CANCEL_SUFFIX)]
+            await self._simple(lambda _: self.core.responses.cancel(rid), receive, send)
         elif path in self._gets and method in ("GET", "HEAD"):
             body, content_type = self._gets[path]()
             await self._send(send, 200, body, content_type)
@@ -96,6 +112,14 @@ class EmulatorApp:
                 await watcher
             self.core.finish(job)
 
+    async def _simple(self, answer: Callable[[bytes], bytes], receive: Receive, send: Send) -> None:
+        try:
+            body = answer(await _read_body(receive))
+        except io.RequestError as exc:
+            await self._send_error(send, exc)
+            return
+        await self._send(send, 200, body, "application/json")
+
     async def _watch_disconnect(self, receive: Receive, job: Job) -> None:
         while (await receive())["type"] != "http.disconnect":
             continue
@@ -109,8 +133,12 @@ class EmulatorApp:
     async def _stream(self, job: Job, send: Send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": 200, "headers": [*headers, *self._headers]})
+        ended = False
         async for event in stream_events(job):
-            await send({"type": "http.response.body", "body": event, "more_body": event is not io.DONE})
+            ended = event is io.DONE  # chat and completions end with [DONE]; the Responses API does not
+            await send({"type": "http.response.body", "body": event, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _send(self, send: Send, status: int, body: bytes, content_type: str) -> None:
         headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]

@@ -12,7 +12,8 @@ Behaviour per request comes from headers, which the gateway forwards unchanged:
 ``FakeUpstream.healthy`` switches ``/health`` between 200 and 503; ``requests`` counts what arrived and
 ``cancelled`` counts streams the client went away from. ``base_delay`` (``--delay``, or ``POST
 /fake/delay?s=1.5`` on a running process) delays every response head that sets no ``x-fake-delay``: a slow
-replica that still answers.
+replica that still answers. Any other path is echoed (method, path, query, body) as JSON, so a test can tell
+exactly what the gateway forwarded (``seen`` notes every request, so also that it forwarded nothing).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/fake/delay", self._set_delay)
+        app.router.add_route("*", "/{tail:.*}", self._echo)
         return app
 
     @web.middleware
@@ -59,6 +61,25 @@ class FakeUpstream:
     async def _set_delay(self, request: web.Request) -> web.Response:
         self.base_delay = float(request.query.get("s", "0"))
         return web.Response(text=str(self.base_delay))
+
+    async def _echo(self, request: web.Request) -> web.Response:
+        if request.path == "/metrics":
+            raise web.HTTPNotFound()  # the fake has no engine metrics (the gateway's scrapes must see that)
+        body = await request.read()
+        delay = float(request.headers.get("x-fake-delay", 0))
+        if delay:
+            await asyncio.sleep(delay)
+        echo = {
+            "upstream": self.name,
+            "method": request.method,
+            "path": request.path,
+            "query": request.query_string,
+            "content_type": request.headers.get("content-type"),
+            "request_id": request.headers.get("x-request-id"),
+            "body": body.decode("utf-8", "replace"),
+        }
+        status = int(request.headers.get("x-fake-status", 200))
+        return web.Response(status=status, body=orjson.dumps(echo), content_type="application/json")
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response(status=200 if self.healthy else 503)

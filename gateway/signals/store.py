@@ -1,9 +1,12 @@
-"""State that several gateway replicas share: request counts (QPS), estimates, rate-limit buckets.
+"""State that several gateway replicas share: request counts (QPS), estimates, rate-limit buckets, and plain
+values with a TTL (which replica holds a Responses API id).
 
 One small interface, :class:`SharedState`, two implementations: :class:`MemorySharedState` (one replica, no
 Redis) and :class:`RedisSharedState` (``redis.asyncio``, short timeouts, no client-side retries). Nothing
-here is ever awaited on the request path: :class:`~gateway.signals.shared_qps.SharedQps` counts requests
-locally and a background task flushes the counts and reads the shared total.
+here is awaited on the routing path: :class:`~gateway.signals.shared_qps.SharedQps` counts requests
+locally and a background task flushes the counts and reads the shared total. The one exception is the
+Responses API's id map (:mod:`gateway.response_ids`): a non-streamed response waits for its id's write, and a
+``GET /v1/responses/{id}`` this replica did not relay reads Redis, both bounded by the short timeouts.
 
 Errors: every Redis failure (refused, timed out, reset, a server error) surfaces as
 :class:`SharedStateUnavailable`; the caller degrades (keeps its local view) and tries again on its next tick.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -24,6 +28,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 QPS_BUCKET_TTL_EXTRA_S = 10
+_MEMORY_VALUES_LIMIT = 100_000  # past this many values, expired ones are dropped on the next put
 T = TypeVar("T")
 
 
@@ -64,6 +69,10 @@ class SharedState(Protocol):
     async def get_estimates(self, now: float, ttl_s: float) -> dict[str, Estimate]: ...
 
     async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool: ...
+
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None: ...
+
+    async def get_value(self, key: str) -> str | None: ...
 
     async def sync_limits(
         self, owner: str, buckets: Sequence[BucketSync], inflight: Mapping[str, int], now: float, ttl_s: float
@@ -125,6 +134,7 @@ class MemorySharedState:
         self._counts: dict[int, int] = {}
         self._estimates: dict[str, tuple[float, dict[str, Estimate]]] = {}
         self._buckets: dict[str, _Bucket] = {}
+        self._values: dict[str, tuple[str, float]] = {}  # key -> (value, monotonic expiry)
         self._inflight: dict[str, dict[str, tuple[int, float]]] = {}
 
     async def add_requests(self, counts_by_second: Mapping[int, int], window_s: float) -> None:
@@ -152,6 +162,16 @@ class MemorySharedState:
             return False
         state.tokens -= cost
         return True
+
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
+        now = time.monotonic()
+        if len(self._values) >= _MEMORY_VALUES_LIMIT:
+            self._values = {k: v for k, v in self._values.items() if v[1] > now}
+        self._values[key] = (value, now + ttl_s)
+
+    async def get_value(self, key: str) -> str | None:
+        entry = self._values.get(key)
+        return entry[0] if entry is not None and entry[1] > time.monotonic() else None
 
     async def sync_limits(
         self, owner: str, buckets: Sequence[BucketSync], inflight: Mapping[str, int], now: float, ttl_s: float
@@ -263,6 +283,14 @@ class RedisSharedState:
         call = self._client.eval(_TAKE_TOKENS_LUA, 1, key, rate, burst, now, cost)
         allowed = await self._guard("take_tokens", call)
         return bool(allowed)
+
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
+        call = self._client.set(f"{self._prefix}val:{key}", value, px=max(1, math.ceil(ttl_s * 1000)))
+        await self._guard("put_value", call)
+
+    async def get_value(self, key: str) -> str | None:
+        value = await self._guard("get_value", self._client.get(f"{self._prefix}val:{key}"))
+        return None if value is None else str(value)
 
     async def sync_limits(
         self, owner: str, buckets: Sequence[BucketSync], inflight: Mapping[str, int], now: float, ttl_s: float

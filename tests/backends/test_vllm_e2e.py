@@ -143,3 +143,48 @@ def test_engine_rejection_comes_back_intact(stack: Stack) -> None:
     assert through_gateway.status_code == direct.status_code == 400
     assert json.loads(through_gateway.content) == json.loads(direct.content)
     assert "max_tokens=5000 cannot be greater than max_model_len=2048" in through_gateway.json()["error"]["message"]
+
+
+def test_responses_api_through_the_gateway_with_the_openai_sdk(stack: Stack) -> None:
+    client = OpenAI(base_url=f"{stack.gateway}/v1", api_key="unused", max_retries=0, timeout=120)
+    std_url = stack.pools.standard.url
+    std_before = successes(std_url)
+    raw = client.responses.with_raw_response.create(
+        model=MODEL, input=CHAT[0]["content"], max_output_tokens=16, temperature=0)
+    assert (raw.headers["x-specgate-pool"], raw.headers["x-specgate-task"]) == ("standard", "chat")
+    response = raw.parse()
+    assert response.id.startswith("resp_") and response.output_text.strip()
+    assert response.usage is not None and response.usage.output_tokens > 0
+    assert successes(std_url) == std_before + 1
+    with client.responses.with_streaming_response.create(
+        model=MODEL, instructions=CODE_EDIT[0]["content"], input=CODE_EDIT[1]["content"], max_output_tokens=64,
+        temperature=0, stream=True) as streamed:
+        assert streamed.headers["x-specgate-pool"] == "speculative"
+        events = list(streamed.parse())
+    kinds = [event.type for event in events]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta").strip()
+    # These servers run without VLLM_ENABLE_RESPONSES_API_STORE, so they keep no response: the gateway still
+    # sends the retrieve to the replica that created it, and that replica's own 404 comes back.
+    kept = httpx.get(f"{stack.gateway}/v1/responses/{response.id}", timeout=30)
+    assert kept.status_code == 404 and kept.headers["x-specgate-pool"] == "standard"
+    assert kept.json()["error"]["code"] == 404  # vLLM's error (the gateway's own has no code)
+    unknown = httpx.get(f"{stack.gateway}/v1/responses/resp_unknown", timeout=30)
+    assert unknown.status_code == 404 and "x-specgate-pool" not in unknown.headers
+
+
+def test_tokenize_passes_through_unchanged(stack: Stack) -> None:
+    body = {"model": MODEL, "prompt": "Hello, world"}
+    through = httpx.post(f"{stack.gateway}/tokenize", json=body, timeout=30)
+    direct = httpx.post(f"{stack.pools.standard.url}/tokenize", json=body, timeout=30)
+    assert through.status_code == direct.status_code == 200
+    assert through.json() == direct.json() and through.json()["count"] > 0
+    assert through.headers["x-specgate-reason"] == "passthrough"
+    back = httpx.post(f"{stack.gateway}/detokenize", json={"model": MODEL, "tokens": through.json()["tokens"]},
+                      timeout=30)
+    assert back.json()["prompt"].endswith("Hello, world")
+    version = httpx.get(f"{stack.gateway}/version", timeout=30).json()["version"]
+    assert version.startswith("0.32")
+    sleep = httpx.post(f"{stack.gateway}/sleep", timeout=30)
+    assert sleep.status_code == 404
+    assert httpx.get(f"{stack.pools.standard.url}/is_sleeping", timeout=30).status_code == 404  # no dev mode here

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -137,3 +138,13 @@ async def test_memory_store_drops_old_buckets() -> None:
     await store.add_requests({1: 5}, window_s=5)
     await store.add_requests({100: 1}, window_s=5)
     assert await store.request_rate(100.5, 5) == pytest.approx(1 / 4.5)
+
+
+async def test_values_are_shared_until_their_ttl(store: SharedState) -> None:
+    await store.put_value("resp:a", "http://r1", ttl_s=1.0)
+    await store.put_value("resp:b", "http://r2", ttl_s=60)
+    assert await store.get_value("resp:a") == "http://r1"
+    assert await store.get_value("resp:missing") is None
+    await asyncio.sleep(1.1)
+    assert await store.get_value("resp:a") is None
+    assert await store.get_value("resp:b") == "http://r2"

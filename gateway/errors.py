@@ -6,7 +6,8 @@ GatewayError                      500 server_error
 │   ├── UnknownModel              404 model_not_found
 │   ├── NotFound                  404 (an unknown path, a response id no replica is known to hold)
 │   ├── MethodNotAllowed          405
-│   └── BodyTooLarge              413
+│   ├── BodyTooLarge              413
+│   └── ClientGone                499 (the client went away before its body was read; nobody to answer)
 ├── AuthenticationError           401 invalid_api_key (a missing or wrong API key or admin token)
 ├── RateLimited                   429 rate_limit_exceeded (with Retry-After and x-ratelimit-* headers)
 ├── NoHealthyBackend              503 service_unavailable
@@ -67,6 +68,14 @@ class MethodNotAllowed(InvalidRequest):
 class BodyTooLarge(InvalidRequest):
     status_code = 413
     code = "request_too_large"
+
+
+class ClientGone(InvalidRequest):
+    """Counted as 499 (nginx's "client closed request"), not as a malformed request: the client disconnected
+    (or its connection was refused by the HTTP layer) before the whole body arrived."""
+
+    status_code = 499
+    code = "client_closed_request"
 
 
 class AuthenticationError(GatewayError):

@@ -19,6 +19,7 @@ from gateway.decide import Decision, decide
 from gateway.direct import DirectBody, direct_body
 from gateway.errors import (
     BodyTooLarge,
+    ClientGone,
     GatewayError,
     MalformedJSON,
     ShuttingDown,
@@ -405,7 +406,7 @@ async def read_body(receive: Receive, headers: dict[str, str], limit: int) -> by
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise MalformedJSON("client disconnected before sending the whole body")
+            raise ClientGone("client disconnected before sending the whole body")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -43,7 +43,7 @@ from gateway.features import RequestFeatures
 from gateway.guard import Guard
 from gateway.limits import Admission
 from gateway.pools import Replica
-from gateway.proxy import ChunkReader, _Relay, read_body, send_error
+from gateway.proxy import ChunkReader, _Relay, begin, read_body, send_error
 from gateway.response_ids import ID_PATTERN, ResponseOwners
 from gateway.snapshot import other_pool
 from gateway.state import GatewayState
@@ -147,9 +147,7 @@ class PassthroughRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
-        started = time.perf_counter()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = headers.get("x-request-id") or state.request_ids.make()
+        started, headers, request_id = begin(state, scope)
         admission = None
         try:
             endpoint, rid = self.table.match(scope["method"], scope["path"])

@@ -45,6 +45,14 @@ _ACCEPTANCE_KEY = b'"mean_acceptance_length":'
 _STREAM_HEADERS: RawHeaders = [(b"x-accel-buffering", b"no"), (b"cache-control", b"no-cache")]
 
 
+def begin(state: GatewayState, scope: Scope) -> tuple[float, dict[str, str], str]:
+    """Every routed request's first step: its start time, its headers (lower-case names, as ASGI gives
+    them) and its request id (the client's ``x-request-id``, or a new one)."""
+    started = time.perf_counter()
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+    return started, headers, headers.get("x-request-id") or state.request_ids.make()
+
+
 class ProxyRoute:
     """ASGI app for one OpenAI endpoint (``kind`` "chat" or "completions")."""
 
@@ -55,9 +63,7 @@ class ProxyRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
-        started = time.perf_counter()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = headers.get("x-request-id") or state.request_ids.make()
+        started, headers, request_id = begin(state, scope)
         admission = None
         try:
             key = state.access.authenticate(headers)  # before the body: no key, no upload

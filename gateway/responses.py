@@ -33,7 +33,7 @@ from gateway.features import (
 from gateway.guard import Guard
 from gateway.passthrough import PassthroughRelay, find_replica, reject, run_relay
 from gateway.pools import Replica
-from gateway.proxy import ChunkReader, parse_json_object, read_body
+from gateway.proxy import ChunkReader, begin, parse_json_object, read_body
 from gateway.response_ids import ResponseOwners, StreamIdScanner, body_response_id, valid_id
 from gateway.rules import RoutingRules
 from gateway.snapshot import Snapshot
@@ -171,9 +171,7 @@ class ResponsesRoute:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
-        started = time.perf_counter()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = headers.get("x-request-id") or state.request_ids.make()
+        started, headers, request_id = begin(state, scope)
         admission = None
         try:
             key = state.access.authenticate(headers)  # before the body: no key, no upload

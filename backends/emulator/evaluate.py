@@ -116,27 +116,32 @@ def _explored(results: Sequence[RequestResult]) -> float:
     return sum(1 for r in results if r.explored) / len(results) if results else 0.0
 
 
-def check_targets(levels: Sequence[Level], scenarios: Sequence[ScenarioRun]) -> list[Target]:
-    """The adaptive policy's targets on one profile."""
+JUDGED_UP_TO = 1.5  # the per-level targets hold "at every load level" from 10 % to 150 % of one pool's capacity
+
+
+def check_targets(all_levels: Sequence[Level], scenarios: Sequence[ScenarioRun]) -> list[Target]:
+    """The adaptive policy's targets on one profile. Per-level targets are judged on the levels up to 150 % of
+    one pool's capacity (the issue's range); levels beyond it are shown, and used to find the p95 knee."""
     targets = []
+    levels = [lv for lv in all_levels if lv.share <= JUDGED_UP_TO + 1e-9] or list(all_levels)
     worst_mean = max(levels, key=lambda lv: lv.summaries[ADAPTIVE].mean_s / _best(lv, "mean_s"))
     ratio = worst_mean.summaries[ADAPTIVE].mean_s / _best(worst_mean, "mean_s")
-    targets.append(Target("mean <= 1.02x best fixed pool, every level", ratio <= 1.02,
+    targets.append(Target("mean <= 1.02x best fixed pool, every level to 150%", ratio <= 1.02,
                           f"worst {ratio:.3f}x at {worst_mean.share:.0%} load"))  # fmt: skip
     worst_p95 = max(levels, key=lambda lv: lv.summaries[ADAPTIVE].p95_s / _best(lv, "p95_s"))
     ratio = worst_p95.summaries[ADAPTIVE].p95_s / _best(worst_p95, "p95_s")
-    targets.append(Target("p95 <= 1.05x best fixed pool, every level", ratio <= 1.05,
+    targets.append(Target("p95 <= 1.05x best fixed pool, every level to 150%", ratio <= 1.05,
                           f"worst {ratio:.3f}x at {worst_p95.share:.0%} load"))  # fmt: skip
     worst_clair = max(levels, key=lambda lv: lv.summaries[ADAPTIVE].mean_s / lv.summaries[CLAIRVOYANT].mean_s)
     ratio = worst_clair.summaries[ADAPTIVE].mean_s / worst_clair.summaries[CLAIRVOYANT].mean_s
-    targets.append(Target("mean within 10% of clairvoyant, every level", ratio <= 1.10,
+    targets.append(Target("mean within 10% of clairvoyant, every level to 150%", ratio <= 1.10,
                           f"worst {ratio:.3f}x at {worst_clair.share:.0%} load"))  # fmt: skip
-    ours, theirs = _knee(levels, ADAPTIVE), _knee(levels, RULES)
+    ours, theirs = _knee(all_levels, ADAPTIVE), _knee(all_levels, RULES)
     targets.append(Target(
         "highest load with p95 < 2x low-load p95 >= 1.6x the rules'", ours >= 1.6 * theirs,
         f"adaptive {ours:.0%}, rules {theirs:.0%} of one pool's capacity ({ours / theirs:.2f}x)",
     ))  # fmt: skip
-    crossover = _crossover(levels)
+    crossover = _crossover(all_levels)
     if crossover is None:
         targets.append(Target("at the rules' crossover, mean >= 25% lower than the rules", None,
                               "the reference rules do not switch within these levels"))  # fmt: skip

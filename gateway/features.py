@@ -115,13 +115,24 @@ def extract_features(
         system, user, chars = _chat_text(body.get("messages"))
     else:
         system, user, chars = None, *_prompt_text(body.get("prompt"))
+    max_tokens = _max_tokens(body, rules.defaults.max_tokens)
+    return request_features(body, headers, classifier, model, max_tokens, chars, system, user, draw, has_n=True)
+
+
+def request_features(
+    body: Mapping[str, Any], headers: Mapping[str, str], classifier: Classifier, model: str, max_tokens: int,
+    prompt_tokens: int, system: str | None, user: str | None, draw: float | None, *, has_n: bool,
+) -> RequestFeatures:  # fmt: skip
+    """The features every routed endpoint shares, once the endpoint has read its model, length and texts:
+    task, stream, n (where the endpoint has it), temperature, the request's draw, the copy cue and the
+    routing headers (objective, SLOs), validated in that order."""
     return RequestFeatures(
         model=model,
-        max_tokens=_max_tokens(body, rules.defaults.max_tokens),
-        prompt_tokens=chars,
+        max_tokens=max_tokens,
+        prompt_tokens=prompt_tokens,
         task=classifier.classify(system, user),
         stream=_optional(body, "stream", bool, False),
-        n=_positive_int(body, "n", 1),
+        n=_positive_int(body, "n", 1) if has_n else 1,
         temperature=_temperature(body),
         headers=headers,
         draw=random.random() if draw is None else draw,

@@ -9,7 +9,6 @@ to the replica holding it, since vLLM keeps it in that server's memory.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -20,16 +19,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.auth import ApiKey
 from gateway.decide import Decision, decide
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.features import (
-    Classifier,
-    RequestFeatures,
-    _objective,
-    _optional,
-    _slo,
-    _temperature,
-    estimate_tokens,
-    has_copy_cue,
-)
+from gateway.features import Classifier, RequestFeatures, estimate_tokens, request_features
 from gateway.guard import Guard
 from gateway.passthrough import PassthroughRelay, find_replica, reject, run_relay
 from gateway.pools import Replica
@@ -67,21 +57,7 @@ def responses_features(
         max_tokens = rules.defaults.max_tokens
     elif not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise InvalidRequest("'max_output_tokens' must be a positive integer", param="max_output_tokens")
-    return RequestFeatures(
-        model=model,
-        max_tokens=max_tokens,
-        prompt_tokens=tokens,
-        task=classifier.classify(system, user),
-        stream=_optional(body, "stream", bool, False),
-        n=1,
-        temperature=_temperature(body),
-        headers=headers,
-        draw=random.random() if draw is None else draw,
-        copy=has_copy_cue(user),
-        objective=_objective(headers),
-        slo_ttft_ms=_slo(headers, "x-specgate-slo-ttft-ms"),
-        slo_e2e_ms=_slo(headers, "x-specgate-slo-e2e-ms"),
-    )
+    return request_features(body, headers, classifier, model, max_tokens, tokens, system, user, draw, has_n=False)
 
 
 def _input_text(items: Any) -> tuple[str | None, str | None, int]:

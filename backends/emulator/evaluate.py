@@ -6,7 +6,7 @@ All figures are EMULATED (virtual time against the timing model). The targets ar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from backends.emulator.profiles import Profile
@@ -25,9 +25,11 @@ from backends.emulator.scenarios import (
 )
 from backends.emulator.simulate import (
     ADAPTIVE,
+    ADAPTIVE_WARM,
     ALWAYS_SPECULATIVE,
     ALWAYS_STANDARD,
     CLAIRVOYANT,
+    INFORMED,
     RULES,
     PolicySet,
     RequestResult,
@@ -75,9 +77,11 @@ def evaluate_levels(
     for share in shares:
         qps = capacity * share
         arrivals = make_scenario_arrivals(workload, steady(qps, duration_s), seed, policies.reference)
+        earlier = make_scenario_arrivals(workload, steady(qps, duration_s), seed + 1, policies.reference)
         results = run_policies(
-            profile, arrivals, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s
-        )
+            profile, arrivals, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s,
+            warm_arrivals=earlier,
+        )  # fmt: skip
         kept = after_warmup(results, min(warmup_s, duration_s / 4))
         adaptive = results.get(ADAPTIVE, [])
         curve = learning_curve(adaptive, results[CLAIRVOYANT]) if adaptive else []
@@ -121,22 +125,44 @@ JUDGED_UP_TO = 1.5  # the per-level targets hold "at every load level" from 10 %
 
 def check_targets(all_levels: Sequence[Level], scenarios: Sequence[ScenarioRun]) -> list[Target]:
     """The adaptive policy's targets on one profile. Per-level targets are judged on the levels up to 150 % of
-    one pool's capacity (the issue's range); levels beyond it are shown, and used to find the p95 knee."""
+    one pool's capacity (the issue's range); levels beyond it are shown, and used to find the p95 knee.
+
+    They are judged in steady state (``adaptive-warm``, when the levels ran it), and each says what the cold
+    start gave too; the cold start has targets of its own (requests until within 10 % of steady state)."""
     targets = []
     levels = [lv for lv in all_levels if lv.share <= JUDGED_UP_TO + 1e-9] or list(all_levels)
-    worst_mean = max(levels, key=lambda lv: lv.summaries[ADAPTIVE].mean_s / _best(lv, "mean_s"))
-    ratio = worst_mean.summaries[ADAPTIVE].mean_s / _best(worst_mean, "mean_s")
-    targets.append(Target("mean <= 1.02x best fixed pool, every level to 150%", ratio <= 1.02,
-                          f"worst {ratio:.3f}x at {worst_mean.share:.0%} load"))  # fmt: skip
-    worst_p95 = max(levels, key=lambda lv: lv.summaries[ADAPTIVE].p95_s / _best(lv, "p95_s"))
-    ratio = worst_p95.summaries[ADAPTIVE].p95_s / _best(worst_p95, "p95_s")
-    targets.append(Target("p95 <= 1.05x best fixed pool, every level to 150%", ratio <= 1.05,
-                          f"worst {ratio:.3f}x at {worst_p95.share:.0%} load"))  # fmt: skip
-    worst_clair = max(levels, key=lambda lv: lv.summaries[ADAPTIVE].mean_s / lv.summaries[CLAIRVOYANT].mean_s)
-    ratio = worst_clair.summaries[ADAPTIVE].mean_s / worst_clair.summaries[CLAIRVOYANT].mean_s
-    targets.append(Target("mean within 10% of clairvoyant, every level to 150%", ratio <= 1.10,
-                          f"worst {ratio:.3f}x at {worst_clair.share:.0%} load"))  # fmt: skip
-    ours, theirs = _knee(all_levels, ADAPTIVE), _knee(all_levels, RULES)
+    steady = ADAPTIVE_WARM if ADAPTIVE_WARM in levels[0].summaries else ADAPTIVE
+
+    def worst(stat: str, bound: Callable[[Level], float], policy: str = steady) -> tuple[float, Level]:
+        return max(((getattr(lv.summaries[policy], stat) / bound(lv), lv) for lv in levels), key=lambda t: t[0])
+
+    def cold(stat: str, bound: Callable[[Level], float]) -> str:
+        if steady == ADAPTIVE:
+            return ""
+        ratio, level = worst(stat, bound, ADAPTIVE)
+        return f"; from a cold start {ratio:.3f}x at {level.share:.0%}"
+
+    def best_mean(lv: Level) -> float:
+        return _best(lv, "mean_s")
+
+    def best_p95(lv: Level) -> float:
+        return _best(lv, "p95_s")
+
+    def clairvoyant(lv: Level) -> float:
+        return lv.summaries[CLAIRVOYANT].mean_s
+
+    for name, stat, bound, limit in (
+        ("mean <= 1.02x best fixed pool, every level to 150%", "mean_s", best_mean, 1.02),
+        ("p95 <= 1.05x best fixed pool, every level to 150%", "p95_s", best_p95, 1.05),
+        ("mean within 10% of clairvoyant, every level to 150%", "mean_s", clairvoyant, 1.10),
+    ):
+        ratio, level = worst(stat, bound)
+        targets.append(Target(name, ratio <= limit, f"worst {ratio:.3f}x at {level.share:.0%}{cold(stat, bound)}"))
+    if INFORMED in levels[0].summaries:
+        ratio, level = worst("mean_s", lambda lv: lv.summaries[INFORMED].mean_s)
+        targets.append(Target("(context) mean within 10% of informed: exact state, segment means", ratio <= 1.10,
+                              f"worst {ratio:.3f}x at {level.share:.0%} load"))  # fmt: skip
+    ours, theirs = _knee(all_levels, steady), _knee(all_levels, RULES)
     targets.append(Target(
         "highest load with p95 < 2x low-load p95 >= 1.6x the rules'", ours >= 1.6 * theirs,
         f"adaptive {ours:.0%}, rules {theirs:.0%} of one pool's capacity ({ours / theirs:.2f}x)",
@@ -146,7 +172,7 @@ def check_targets(all_levels: Sequence[Level], scenarios: Sequence[ScenarioRun])
         targets.append(Target("at the rules' crossover, mean >= 25% lower than the rules", None,
                               "the reference rules do not switch within these levels"))  # fmt: skip
     else:
-        gain = 1 - crossover.summaries[ADAPTIVE].mean_s / crossover.summaries[RULES].mean_s
+        gain = 1 - crossover.summaries[steady].mean_s / crossover.summaries[RULES].mean_s
         targets.append(Target("at the rules' crossover, mean >= 25% lower than the rules", gain >= 0.25,
                               f"{gain:.0%} lower at {crossover.share:.0%} load ({crossover.qps:.1f} QPS)"))  # fmt: skip
     judged = [lv for lv in levels if lv.windows >= 6]  # a run too short for a learning curve is not judged

@@ -50,22 +50,24 @@ def summarise(results: Sequence[RequestResult]) -> Summary:
 
 
 def levels_table(profile: str, capacity: float, levels: Sequence[Level]) -> Table:
-    """One row per load level: each policy's mean (p95) latency, and the adaptive policy against the bounds."""
+    """One row per load level: each policy's mean (p95) latency, and the adaptive policy against the bounds
+    (in steady state when the levels ran ``adaptive-warm``, else from its cold start)."""
     title = f"EMULATED simulation, profile {profile}: mean (p95) latency in s; one pool ~{capacity:.1f} QPS"
     table = Table(title=title)
     policies = [p for p in POLICIES if p in levels[0].summaries]
-    for column in ("load", "QPS", *policies, "adaptive / best fixed", "adaptive / clairvoyant", "adaptive to spec",
-                   "explored"):  # fmt: skip
+    ours = "adaptive-warm" if "adaptive-warm" in policies else "adaptive"
+    bounds = [b for b in ("best fixed", "clairvoyant", "informed") if b == "best fixed" or b in policies]
+    for column in ("load", "QPS", *policies, *(f"{ours} / {b}" for b in bounds), f"{ours} to spec", "explored"):
         table.add_column(column, justify="right")
     for level in levels:
         s = level.summaries
-        best = min(s["always-standard"].mean_s, s["always-speculative"].mean_s)
         cells = [f"{s[p].mean_s:.2f} ({s[p].p95_s:.1f})" for p in policies]
-        adaptive = s.get("adaptive")
+        adaptive = s.get(ours)
+        values = {"best fixed": min(s["always-standard"].mean_s, s["always-speculative"].mean_s)}
+        values.update({b: s[b].mean_s for b in bounds if b in s})
         table.add_row(
             f"{level.share:.0%}", f"{level.qps:.1f}", *cells,
-            f"{adaptive.mean_s / best:.3f}x" if adaptive else "-",
-            f"{adaptive.mean_s / s['clairvoyant'].mean_s:.3f}x" if adaptive else "-",
+            *(f"{adaptive.mean_s / values[b]:.3f}x" if adaptive else "-" for b in bounds),
             f"{adaptive.speculative_share:.0%}" if adaptive else "-",
             f"{level.explored:.1%}",
         )  # fmt: skip

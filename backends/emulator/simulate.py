@@ -13,10 +13,15 @@ and refreshes the model in the snapshot every ``model_interval_s``, from a cold 
 
 Policies: ``always-standard`` / ``always-speculative`` (rules with no rule, so they too go through
 ``decide()``), ``rules`` (the reference rules, ``gateway/rules-reference.yaml``), ``adaptive`` (the shipped
-rules: pins, then ``fastest``), ``clairvoyant`` (knows each request's true acceptance and output length and
-the engines' exact state, and picks the replica whose estimated completion is earliest: a strong bound
-that, unlike ``oracle``, may split load), and ``oracle``, a hindsight bound, not a schedulable policy: each
-request's better latency of its always-standard and its always-speculative run at the same load.
+rules: pins, then ``fastest``, from a cold start), ``adaptive-warm`` (the same, in steady state: its learner
+first served other arrivals at the same load, as a gateway replica that joins the others through Redis
+does), ``clairvoyant`` (knows each request's true acceptance and output length and the engines' exact
+state, and picks the replica whose estimated completion is earliest: a strong bound that, unlike
+``oracle``, may split load), ``informed`` (the clairvoyant's rule with what a gateway could know at best:
+the engines' exact state, but for the request only its segment's mean acceptance and mean output length;
+the gap between it and ``clairvoyant`` is what no policy that sees only the request can close), and
+``oracle``, a hindsight bound, not a schedulable policy: each request's better latency of its
+always-standard and its always-speculative run at the same load.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from backends.emulator.profiles import Profile
@@ -42,9 +47,11 @@ ALWAYS_STANDARD = "always-standard"
 ALWAYS_SPECULATIVE = "always-speculative"
 RULES = "rules"
 ADAPTIVE = "adaptive"
+ADAPTIVE_WARM = "adaptive-warm"
+INFORMED = "informed"
 CLAIRVOYANT = "clairvoyant"
 ORACLE = "oracle"
-POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, CLAIRVOYANT, ORACLE)
+POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, INFORMED, CLAIRVOYANT, ORACLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +125,7 @@ class Simulation:
     seed: int = 0
     learner: Learner | None = None
     clairvoyant: bool = False
+    informed: Mapping[str, tuple[float, float]] | None = None  # segment -> (mean acceptance, mean output)
     replicas: int = 1
     scrape_interval_s: float = 1.0
     model_interval_s: float = 0.25
@@ -190,7 +198,11 @@ class Simulation:
         item = arrival.item
         output_tokens = min(item.output_tokens, item.max_tokens)
         if self.clairvoyant:
-            replica = self._clairvoyant(item.prompt_tokens, output_tokens, arrival.acceptance)
+            acceptance, expected = arrival.acceptance, float(output_tokens)
+            if self.informed is not None:
+                acceptance, mean_output = self.informed[segment_of(arrival.features.task, arrival.features.copy)]
+                expected = min(mean_output, item.max_tokens)
+            replica = self._clairvoyant(item.prompt_tokens, expected, acceptance)
             reason, load, explored = CLAIRVOYANT, 0.0, False
         else:
             decision = decide(arrival.features, self._snapshot(now), self.rules)
@@ -209,7 +221,7 @@ class Simulation:
         if replica.outcome is None:
             replica.start_step(now)
 
-    def _clairvoyant(self, prompt_tokens: int, output_tokens: int, acceptance: float) -> _Replica:
+    def _clairvoyant(self, prompt_tokens: int, output_tokens: float, acceptance: float) -> _Replica:
         """The replica whose estimated completion for this request is earliest, from the exact engine state."""
         best, best_s = self._all[0], math.inf
         for replica in self._all:
@@ -302,8 +314,10 @@ def run_policies(
     replicas: int = 1,
     scrape_interval_s: float = 1.0,
     include: Sequence[str] = POLICIES,
+    warm_arrivals: Sequence[Arrival] | None = None,
 ) -> dict[str, list[RequestResult]]:
-    """Every policy in ``include`` on the same arrivals, each against fresh engines (and a cold learner)."""
+    """Every policy in ``include`` on the same arrivals, each against fresh engines (and a cold learner).
+    With ``warm_arrivals``, ``adaptive-warm`` first learns from serving them (on engines of its own)."""
     reference = policies.reference
     options = {"replicas": replicas, "scrape_interval_s": scrape_interval_s}
     sims: dict[str, Simulation] = {
@@ -311,14 +325,31 @@ def run_policies(
         ALWAYS_SPECULATIVE: Simulation(profile, fixed_pool_rules(reference, SPECULATIVE), seed, **options),  # type: ignore[arg-type]
         RULES: Simulation(profile, reference, seed, **options),  # type: ignore[arg-type]
         CLAIRVOYANT: Simulation(profile, reference, seed, clairvoyant=True, **options),  # type: ignore[arg-type]
+        INFORMED: Simulation(profile, reference, seed, clairvoyant=True, informed=segment_means(arrivals), **options),  # type: ignore[arg-type]
     }
     if policies.adaptive is not None:
-        learner = Learner(policies.adaptive.adaptive.learning_rate)
-        sims[ADAPTIVE] = Simulation(profile, policies.adaptive, seed, learner=learner, **options)  # type: ignore[arg-type]
+        rate = policies.adaptive.adaptive.learning_rate
+        sims[ADAPTIVE] = Simulation(profile, policies.adaptive, seed, learner=Learner(rate), **options)  # type: ignore[arg-type]
+        if warm_arrivals is not None and ADAPTIVE_WARM in include:
+            learner = Learner(rate)
+            Simulation(profile, policies.adaptive, seed + 1, learner=learner, **options).run(warm_arrivals)  # type: ignore[arg-type]
+            sims[ADAPTIVE_WARM] = Simulation(profile, policies.adaptive, seed, learner=learner, **options)  # type: ignore[arg-type]
     results = {name: sim.run(arrivals) for name, sim in sims.items() if name in include}
     if ORACLE in include and ALWAYS_STANDARD in results and ALWAYS_SPECULATIVE in results:
         results[ORACLE] = oracle(results[ALWAYS_STANDARD], results[ALWAYS_SPECULATIVE])
     return results
+
+
+def segment_means(arrivals: Sequence[Arrival]) -> dict[str, tuple[float, float]]:
+    """Per segment (the gateway's task + copy cue), the mean true acceptance and output length: what a
+    perfectly learned model could know about a request before it runs."""
+    sums: dict[str, list[float]] = {}
+    for arrival in arrivals:
+        entry = sums.setdefault(segment_of(arrival.features.task, arrival.features.copy), [0.0, 0.0, 0.0])
+        entry[0] += arrival.acceptance
+        entry[1] += arrival.item.output_tokens
+        entry[2] += 1
+    return {segment: (acc / n, out / n) for segment, (acc, out, n) in sums.items()}
 
 
 def after_warmup(results: dict[str, list[RequestResult]], cutoff_s: float) -> dict[str, list[RequestResult]]:

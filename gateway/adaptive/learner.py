@@ -15,6 +15,7 @@ With an acceptance length ``a`` the error is split by what acceptance explains: 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -35,6 +36,7 @@ from gateway.adaptive.model import (
 INITIAL_VAR = 0.25  # log-seconds squared before any residual is seen (sigma 0.5, a factor of 1.65)
 LENGTH_WINDOW = 256  # recent output lengths kept per segment
 REFILL_EVERY = 16  # observations between refreshes of a curve's fill (also refreshed by every freeze)
+MERGE_DISTANCE = 0.25  # curve points nearer than this (in log2(1 + load)) are one point
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ class _Cell:
 class _CurveState:
     values: list[float] = field(default_factory=lambda: [0.0] * NODES)
     weights: list[float] = field(default_factory=lambda: [0.0] * NODES)
+    # where each node's observations lie on average (in log2(1 + load)): a node's value belongs there
+    positions: list[float] = field(default_factory=lambda: [float(i) for i in range(NODES)])
     _cache: list[float] | None = field(default=None, repr=False)
 
     def filled(self) -> list[float]:
@@ -81,28 +85,39 @@ class _CurveState:
         self._cache = None
 
     def fill(self) -> list[float]:
-        """Visited nodes as learned; the others from their neighbours; then made non-decreasing."""
-        visited = [i for i, w in enumerate(self.weights) if w > 0]
-        if not visited:
+        """The curve's value at every node: the line through the visited nodes' (position, value) points,
+        flat below the first, continued beyond the last with the slope of the last two (never falling);
+        then made non-decreasing.
+
+        A node's value is the mean of the observations near it, and its position is where they lay: when
+        requests were seen at loads between two nodes, the value belongs there, not at the node. Drawing the
+        line through those points keeps the slope the observations show (how much one more request slows
+        the pool down, which is what splits load between the pools); reading each value at its own node
+        would flatten every interval in which requests were seen at one load only.
+        """
+        points = self._points()
+        if not points:
             return [0.0] * NODES
-        out = list(self.values)
-        first, last = visited[0], visited[-1]
-        slope = 0.0
-        if len(visited) >= 2:
-            before = visited[-2]
-            slope = max((out[last] - out[before]) / (last - before), 0.0)
+        out = [0.0] * NODES
         for i in range(NODES):
-            if i < first:
-                out[i] = out[first]
-            elif i > last:
-                out[i] = out[last] + slope * (i - last)
-            elif self.weights[i] <= 0:
-                below = max(j for j in visited if j < i)
-                above = min(j for j in visited if j > i)
-                out[i] = out[below] + (out[above] - out[below]) * (i - below) / (above - below)
+            out[i] = _through(points, float(i))
         for i in range(1, NODES):
             out[i] = max(out[i], out[i - 1])
         return out
+
+    def _points(self) -> list[tuple[float, float, float]]:
+        """(position, value, weight) of the visited nodes in position order, points closer than
+        MERGE_DISTANCE merged by weight (their difference says nothing about a slope)."""
+        raw = sorted((self.positions[i], self.values[i], w) for i, w in enumerate(self.weights) if w > 0)
+        points: list[tuple[float, float, float]] = []
+        for position, value, weight in raw:
+            if points and position - points[-1][0] < MERGE_DISTANCE:
+                p, v, w = points[-1]
+                total = w + weight
+                points[-1] = ((p * w + position * weight) / total, (v * w + value * weight) / total, total)
+            else:
+                points.append((position, value, weight))
+        return points
 
     def predict(self, load: float, filled: list[float]) -> float:
         u = load_position(load)
@@ -115,7 +130,8 @@ class _CurveState:
         returns the error of the interpolated prediction before the step.
 
         Each node is a running average of the observations near it (soft binning), not a coefficient of
-        the interpolation: a node between two observed loads is then never left underdetermined.
+        the interpolation: a node between two observed loads is then never left underdetermined. The node's
+        position is the same running average of where those observations lay (see :meth:`fill`).
         """
         filled = self.filled()
         u = load_position(load)
@@ -127,10 +143,12 @@ class _CurveState:
                 continue
             weight = self.weights[j]
             if weight <= 0:
-                self.values[j] = target
+                self.values[j], self.positions[j] = target, u
                 self._cache = None  # a new node: the neighbours' fill changes
             else:
-                self.values[j] += min(max(share / (weight + share), floor * share), 1.0) * (target - self.values[j])
+                rate = min(max(share / (weight + share), floor * share), 1.0)
+                self.values[j] += rate * (target - self.values[j])
+                self.positions[j] += rate * (u - self.positions[j])
             self.weights[j] = min(weight + share, cap)
         return error
 
@@ -240,6 +258,7 @@ class Learner:
                 for i, (value, weight) in enumerate(zip(curve.values, curve.weights, strict=True)):
                     if weight > 0:
                         out[f"{pool}|{curve_name}|node|{i}"] = (value, weight)
+                        out[f"{pool}|{curve_name}|pos|{i}"] = (curve.positions[i], weight)
             for key, cell in state.ttft_offsets.items():
                 out[f"{pool}|ttft|off|{key}"] = (cell.value, cell.weight)
             for seg, cell in state.tpot_offsets.items():
@@ -262,7 +281,8 @@ class Learner:
         counting the same requests twice.
         """
         lengths: dict[str, list[tuple[int, float, float]]] = {}
-        for name, (value, weight) in shared.items():
+        # positions first: each is blended against the node's weight before its value moves that weight
+        for name, (value, weight) in sorted(shared.items(), key=lambda item: "|pos|" not in item[0]):
             pool, kind, part, key = name.split("|", 3)
             if kind == "len":
                 lengths.setdefault(part, []).append((int(key), value, weight))
@@ -284,6 +304,11 @@ class Learner:
             curve = state.ttft if kind == "ttft" else state.tpot
             i = int(key)
             curve.values[i], curve.weights[i] = _blend(curve.values[i], curve.weights[i], value, weight)
+            curve.refresh()
+        elif part == "pos":
+            curve = state.ttft if kind == "ttft" else state.tpot
+            i = int(key)
+            curve.positions[i], _ = _blend(curve.positions[i], curve.weights[i], value, weight)
         elif part == "off":
             if kind == "ttft":
                 cell = state.ttft_offsets.setdefault(int(key), _Cell())
@@ -303,6 +328,18 @@ class Learner:
         elif kind == "mla":
             cell = state.mean_log_acceptance
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
+
+
+def _through(points: list[tuple[float, float, float]], u: float) -> float:
+    """The piecewise-linear line through ``points`` (position order) at ``u``: flat below the first point,
+    the last two points' slope (never negative) beyond the last."""
+    if len(points) == 1 or u <= points[0][0]:
+        return points[0][1]
+    for (p0, v0, _), (p1, v1, _) in itertools.pairwise(points):
+        if u <= p1:
+            return v0 + (v1 - v0) * (u - p0) / (p1 - p0)
+    (p0, v0, _), (p1, v1, _) = points[-2], points[-1]
+    return v1 + max((v1 - v0) / (p1 - p0), 0.0) * (u - p1)
 
 
 def _fit(curve: _CurveState, offset: _Cell, load: float, target: float, floor: float, cap: float) -> float:

@@ -143,3 +143,39 @@ def test_sharing_brings_a_cold_learner_to_what_the_others_know() -> None:
 def test_load_position_is_log_scaled_and_clipped() -> None:
     assert load_position(0) == 0 and load_position(1) == 1 and load_position(3) == 2
     assert load_position(-5) == 0 and load_position(10**9) == 11
+
+
+def _compute_bound(rng: random.Random, count: int) -> list[Observation]:
+    """A pool past its knee: time per token grows in proportion to the load (1 ms x load), loads seen
+    anywhere from 40 to 120 (between two nodes of the curve, 63 and 127)."""
+    out = []
+    for _ in range(count):
+        load = rng.uniform(40, 120)
+        tpot = 0.001 * load * math.exp(rng.gauss(0, 0.05))
+        out.append(Observation("standard", "chat", 100, load, 0.05, 0.05 + 99 * tpot, 100))
+    return out
+
+
+def test_the_curve_keeps_the_slope_the_observations_show() -> None:
+    """Requests seen at many loads between two nodes teach how much one more request slows the pool (the
+    externality that splits load), not only the mean level there."""
+    learner = Learner()
+    for obs in _compute_bound(random.Random(5), 2000):
+        learner.observe(obs)
+    model = learner.model()
+    at = {load: model.predict("standard", "chat", 100, 100, load) for load in (50, 100)}
+    assert at[50] is not None and at[100] is not None
+    assert at[50].tpot_s == pytest.approx(0.050, rel=0.15)
+    assert at[100].tpot_s == pytest.approx(0.100, rel=0.15)
+
+
+def test_sharing_carries_where_the_curve_was_learned() -> None:
+    teacher = Learner()
+    for obs in _compute_bound(random.Random(6), 2000):
+        teacher.observe(obs)
+    pupil = Learner()
+    pupil.absorb(teacher.export())
+    for load in (50, 100):
+        mine, theirs = (learner.model().predict("standard", "chat", 100, 100, load) for learner in (pupil, teacher))
+        assert mine is not None and theirs is not None
+        assert mine.tpot_s == pytest.approx(theirs.tpot_s, rel=0.02)

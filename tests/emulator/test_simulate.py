@@ -13,15 +13,18 @@ from backends.emulator.report import summarise
 from backends.emulator.scenarios import make_arrivals, simulate_level
 from backends.emulator.simulate import (
     ADAPTIVE,
+    ADAPTIVE_WARM,
     ALWAYS_SPECULATIVE,
     ALWAYS_STANDARD,
     CLAIRVOYANT,
+    INFORMED,
     ORACLE,
     RULES,
     PolicySet,
     Simulation,
     fixed_pool_rules,
     run_policies,
+    segment_means,
 )
 from backends.workloads.loader import load_workload
 from gateway.cli import main
@@ -88,7 +91,7 @@ def test_simulate_cli_prints_emulated_tables_and_writes_the_plot(
     assert plot.stat().st_size > 10_000
     report = json.loads(data.read_text())["a100-70b-draft"]
     assert len(report["levels"]) == 2 and report["scenarios"][0]["name"] == "drift"
-    policies = {ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, CLAIRVOYANT, ORACLE}
+    policies = {ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, INFORMED, CLAIRVOYANT, ORACLE}
     assert set(report["levels"][0]["summaries"]) == policies
     assert {t["name"] for t in report["targets"]} >= {"explored share <= 3%"}
 
@@ -158,3 +161,26 @@ def test_clairvoyant_uses_both_pools_under_load() -> None:
     runs = run_policies(PROFILE, arrivals, PolicySet(reference_rules()), 0, include=(CLAIRVOYANT,))
     pools = {r.pool for r in runs[CLAIRVOYANT]}
     assert pools == {"standard", "speculative"}
+
+
+def test_informed_knows_only_segment_means_and_is_no_better_than_clairvoyant() -> None:
+    """``informed`` is the clairvoyant's rule with what a gateway could know of a request: its segment's mean
+    acceptance and output length (not the request's own), and the engines' exact state."""
+    arrivals = make_arrivals(WORKLOAD, 40, 800, 4, reference_rules())
+    means = segment_means(arrivals)
+    chat = [a for a in arrivals if a.features.task == "chat" and not a.features.copy]
+    assert means["chat"][0] == pytest.approx(sum(a.acceptance for a in chat) / len(chat))
+    assert means["chat"][1] == pytest.approx(sum(a.item.output_tokens for a in chat) / len(chat))
+    runs = run_policies(PROFILE, arrivals, PolicySet(reference_rules()), 4, include=(CLAIRVOYANT, INFORMED))
+    assert [r.pool for r in runs[INFORMED]] != [r.pool for r in runs[CLAIRVOYANT]]
+    assert summarise(runs[CLAIRVOYANT]).mean_s <= summarise(runs[INFORMED]).mean_s * 1.02
+
+
+def test_adaptive_warm_starts_from_a_learner_that_served_earlier_arrivals() -> None:
+    arrivals = make_arrivals(WORKLOAD, 32, 300, 5, reference_rules())
+    earlier = make_arrivals(WORKLOAD, 32, 300, 6, reference_rules())
+    policies = PolicySet(reference_rules(), default_rules())
+    runs = run_policies(PROFILE, arrivals, policies, 5, include=(ADAPTIVE, ADAPTIVE_WARM), warm_arrivals=earlier)
+    assert any(r.reason.endswith("(warm-up)") for r in runs[ADAPTIVE][:20])
+    assert not any(r.reason.endswith("(warm-up)") for r in runs[ADAPTIVE_WARM])  # it learned before these
+    assert ADAPTIVE_WARM not in run_policies(PROFILE, arrivals, policies, 5, include=(ADAPTIVE, ADAPTIVE_WARM))

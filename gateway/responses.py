@@ -99,11 +99,15 @@ def _item_text(item: Mapping[str, Any], index: int) -> str:
     return ""
 
 
+_DELTA = b'.delta"'  # the end of a token event's type: response.output_text.delta, ...reasoning_text.delta, ...
+
+
 class ResponsesRelay(PassthroughRelay):
     """The relay for a routed (or conversation-pinned) Responses API call: also remembers the response id."""
 
     usage_key = b'"output_tokens":'
     owners: ResponseOwners
+    _awaiting_token = False
     _scanner: StreamIdScanner | None = None
 
     async def _respond(
@@ -119,10 +123,16 @@ class ResponsesRelay(PassthroughRelay):
             else:
                 self._scanner = StreamIdScanner()
                 self._scan(first)
+        # A Responses stream opens with response.created before any token: its first token is its first
+        # delta event, so the TTFT learned and observed is taken there (in the first chunk: the head's time).
+        self._awaiting_token = chunks is not None and _DELTA not in first
         await super()._respond(response, first, chunks, send, guard)
 
     def _count(self, chunk: bytes) -> None:
         super()._count(chunk)
+        if self._awaiting_token and _DELTA in chunk:
+            self._awaiting_token = False
+            self.ttft = time.perf_counter() - self.started
         if self._scanner is not None:  # only until the id is found, within the stream's first bytes
             self._scan(chunk)
 

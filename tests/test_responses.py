@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from gateway.errors import InvalidRequest
@@ -239,3 +240,83 @@ def test_keys_cap_and_steer_responses(emulated: tuple[EmulatedPools, Callable[..
         capped = client.post("/v1/responses", json={"model": pools.model, "input": "hi"}).json()
         assert capped["max_output_tokens"] == 40  # the key's cap was sent
         assert client.get(f"/v1/responses/{capped['id']}").status_code == 200
+
+
+class _SlowFirstToken:
+    """A Responses upstream that opens its stream with response.created at once and sends its first token
+    0.3 s later (as vLLM does: the created event leaves before the engine has run)."""
+
+    def __init__(self) -> None:
+        from aiohttp import web
+
+        async def health(_: Any) -> Any:
+            return web.Response(text="ok")
+
+        async def models(_: Any) -> Any:
+            return web.json_response({"data": [{"id": "fake-model"}]})
+
+        self.app = web.Application()
+        self.app.router.add_get("/health", health)
+        self.app.router.add_get("/v1/models", models)
+        self.app.router.add_post("/v1/responses", self._responses)
+
+    async def _responses(self, request: Any) -> Any:
+        import asyncio
+
+        from aiohttp import web
+
+        body = await request.json()
+        usage = {"input_tokens": 5, "output_tokens": 3, "total_tokens": 8}
+        done = {"id": "resp_1", "object": "response", "status": "completed", "usage": usage}
+        if not body.get("stream"):
+            await asyncio.sleep(0.3)
+            return web.json_response(done)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+
+        async def event(payload: dict[str, Any]) -> None:
+            await response.write(b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n")
+
+        await event({"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}})
+        await asyncio.sleep(0.3)
+        for word in ("a", "b", "c"):
+            await event({"type": "response.output_text.delta", "delta": word})
+        await event({"type": "response.completed", "response": done})
+        await response.write_eof()
+        return response
+
+
+def test_a_streamed_response_teaches_the_time_of_its_first_token_not_of_response_created() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.app import create_app
+    from gateway.config import Settings
+    from gateway.servers import ThreadServer
+
+    upstream = ThreadServer(_SlowFirstToken().app).start()
+    settings = Settings(_env_file=None, standard_urls=[upstream.url], speculative_urls=[upstream.url],  # type: ignore[call-arg]
+                        health_interval_s=0.1, snapshot_interval_s=0.05)  # fmt: skip
+    app = create_app(settings, CollectorRegistry())
+    gateway = ThreadServer(app).start()
+    learned: list[tuple[float, float, int, bool]] = []
+    learn = app.state.learn
+
+    def spy(features: Any, decision: Any, ttft: float, total: float, tokens: int, *args: Any, **kw: Any) -> None:
+        learned.append((ttft, total, tokens, features.stream))
+        learn(features, decision, ttft, total, tokens, *args, **kw)
+
+    app.state.learn = spy  # type: ignore[method-assign]
+    try:
+        wait_for(lambda: app.state.health_rounds > 0, what="first health check")
+        with httpx.Client(base_url=gateway.url, timeout=10) as client:
+            for stream in (True, False):
+                r = client.post("/v1/responses", json={"model": "fake-model", "input": "hi", "stream": stream})
+                assert r.status_code == 200
+        wait_for(lambda: len(learned) == 2, what="both outcomes learned")
+    finally:
+        gateway.stop()
+        upstream.stop()
+    (stream_ttft, stream_total, stream_tokens, streamed), (_, whole_total, whole_tokens, _) = learned
+    assert streamed and stream_tokens == 3 and whole_tokens == 3  # usage.output_tokens, not events counted
+    assert stream_ttft >= 0.25 and stream_ttft <= stream_total  # the first delta, 0.3 s after response.created
+    assert whole_total >= 0.25

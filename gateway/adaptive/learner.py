@@ -15,7 +15,6 @@ With an acceptance length ``a`` the error is split by what acceptance explains: 
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -96,11 +95,21 @@ class _CurveState:
         would flatten every interval in which requests were seen at one load only.
         """
         points = self._points()
-        if not points:
-            return [0.0] * NODES
+        if len(points) <= 1:
+            return [points[0][1] if points else 0.0] * NODES
         out = [0.0] * NODES
+        k, last = 0, len(points) - 1
         for i in range(NODES):
-            out[i] = _through(points, float(i))
+            u = float(i)
+            if u <= points[0][0]:
+                out[i] = points[0][1]
+                continue
+            while k < last - 1 and u > points[k + 1][0]:
+                k += 1
+            p0, v0, _ = points[k]
+            p1, v1, _ = points[k + 1]
+            slope = (v1 - v0) / (p1 - p0)
+            out[i] = v0 + slope * (u - p0) if u <= p1 else v1 + max(slope, 0.0) * (u - p1)
         for i in range(1, NODES):
             out[i] = max(out[i], out[i - 1])
         return out
@@ -328,18 +337,6 @@ class Learner:
         elif kind == "mla":
             cell = state.mean_log_acceptance
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
-
-
-def _through(points: list[tuple[float, float, float]], u: float) -> float:
-    """The piecewise-linear line through ``points`` (position order) at ``u``: flat below the first point,
-    the last two points' slope (never negative) beyond the last."""
-    if len(points) == 1 or u <= points[0][0]:
-        return points[0][1]
-    for (p0, v0, _), (p1, v1, _) in itertools.pairwise(points):
-        if u <= p1:
-            return v0 + (v1 - v0) * (u - p0) / (p1 - p0)
-    (p0, v0, _), (p1, v1, _) = points[-2], points[-1]
-    return v1 + max((v1 - v0) / (p1 - p0), 0.0) * (u - p1)
 
 
 def _fit(curve: _CurveState, offset: _Cell, load: float, target: float, floor: float, cap: float) -> float:

@@ -163,11 +163,11 @@ def check_targets(all_levels: Sequence[Level], scenarios: Sequence[ScenarioRun])
         targets.append(Target("(context) mean within 10% of informed: exact state, segment means", ratio <= 1.10,
                               f"worst {ratio:.3f}x at {level.share:.0%} load"))  # fmt: skip
     ours, theirs = _knee(all_levels, steady), _knee(all_levels, RULES)
-    bound = _knee(all_levels, CLAIRVOYANT)
+    bound_knee = _knee(all_levels, CLAIRVOYANT)
     targets.append(Target(
         "highest load with p95 < 2x low-load p95 >= 1.6x the rules'", ours >= 1.6 * theirs,
         f"adaptive {ours:.0%}, rules {theirs:.0%} of one pool's capacity ({ours / theirs:.2f}x); "
-        f"clairvoyant {bound:.0%}",
+        f"clairvoyant {bound_knee:.0%}",
     ))  # fmt: skip
     crossover = _crossover(all_levels)
     if crossover is None:

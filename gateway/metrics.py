@@ -57,6 +57,19 @@ class GatewayMetrics:
             ["pool", "replica"],
             registry=registry,
         )
+        self.health_checks = Counter(
+            "specgate_health_checks",
+            "Active health checks by verdict: ok, failed, timeout (down, suspected), late (timed out while the "
+            "gateway's own event loop stalled: not counted against the replica).",
+            ["pool", "replica", "result"],
+            registry=registry,
+        )
+        self.suspect_dispatches = Counter(
+            "specgate_suspect_dispatches",
+            "Attempts sent to a replica whose last health check timed out, because no replica was up.",
+            ["pool"],
+            registry=registry,
+        )
         self.breaker_state = Gauge(
             "specgate_replica_breaker_state",
             "1 for the replica's current circuit-breaker state (closed, open, half_open), 0 for the others.",

@@ -191,8 +191,10 @@ class GatewayState:
     async def start(self) -> None:
         await self.upstream.start()
         await self.signals.start()
+        lag = LoopLagMonitor(self.metrics.loop_lag)
+        self.add_task(lag.run(), "loop-lag")  # before the first health check: it judges timeouts by the lag
         checker = HealthChecker(
-            self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self._health_round
+            self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self._health_round, lag
         )
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")
@@ -201,7 +203,6 @@ class GatewayState:
         if self.settings.redis_url:
             interval = self.settings.redis_sync_interval_s
             self.add_task(self.access.limiter.run(self.signals.store, interval), "limits-sync")
-        self.add_task(LoopLagMonitor(self.metrics.loop_lag).run(), "loop-lag")
         if self.model_sync is not None:
             self.add_task(self._model_sync_loop(self.model_sync), "model-sync")
 

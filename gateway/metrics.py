@@ -97,6 +97,9 @@ class GatewayMetrics:
         self.rule_reloads = Counter(
             "specgate_rule_reloads", "Rules file reloads by result (ok, rejected).", ["result"], registry=registry
         )
+        self.key_reloads = Counter(
+            "specgate_key_reloads", "Keys file reloads by result (ok, rejected).", ["result"], registry=registry
+        )
         self.routing_step = Histogram(
             "specgate_routing_step_seconds",
             "Time spent in each routing step inside the gateway.",
@@ -143,6 +146,8 @@ class GatewayMetrics:
         )
         self.rule_reloads.labels("ok")
         self.rule_reloads.labels("rejected")
+        self.key_reloads.labels("ok")
+        self.key_reloads.labels("rejected")
         # Children the hot path uses, looked up once instead of per request.
         self.route_step = self.routing_step.labels("route")
         self._outcomes: dict[tuple[str, str, str, int], Any] = {}

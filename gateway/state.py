@@ -62,7 +62,8 @@ class GatewayState:
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
         self.upstream_auth = upstream_headers(settings)  # per pool: the Authorization sent to its replicas
-        self.access = Access(settings, Limiter(owner=f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"))
+        limiter = Limiter(owner=f"{socket.gethostname()}:{os.getpid()}:{id(self):x}")
+        self.access = Access(settings, limiter, self.metrics)
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
         self.learner = Learner()

@@ -32,7 +32,7 @@ from gateway.errors import BodyTooLarge, GatewayError, MethodNotAllowed, NotFoun
 from gateway.passthrough import PassthroughRoute
 from gateway.pools import replica_states
 from gateway.proxy import ProxyRoute, parse_json_object
-from gateway.reload import RulesWatcher
+from gateway.reload import keys_watcher, rules_watcher
 from gateway.response_ids import ResponseOwners
 from gateway.responses import RESPONSES_PATH, ResponsesRoute
 from gateway.state import GatewayState
@@ -83,7 +83,9 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await state.start()
         if settings.reload_rules and settings.rules_file is not None:
-            state.add_task(RulesWatcher(state, settings.rules_file).run(), "rules-watcher")
+            state.add_task(rules_watcher(state, settings.rules_file).run(), "rules-watcher")
+        if settings.reload_keys and settings.keys_file is not None:
+            state.add_task(keys_watcher(state, settings.keys_file).run(), "keys-watcher")
         try:
             yield
         finally:

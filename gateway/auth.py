@@ -35,8 +35,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 
 from gateway.config import Settings
 from gateway.decide import Decision
-from gateway.errors import AuthenticationError, InvalidRequest
+from gateway.errors import AuthenticationError, InvalidRequest, RateLimited
 from gateway.limits import Admission, KeyLimits, Limiter
+from gateway.metrics import ANONYMOUS_KEY, GatewayMetrics, KeyMetrics
 from gateway.rules import format_validation_error
 from gateway.snapshot import Snapshot
 
@@ -141,6 +142,7 @@ class ApiKey:
     pools: frozenset[str] | None
     steering: bool
     limits: KeyLimits | None  # None: no rpm, tpm or concurrency limit
+    stats: KeyMetrics  # specgate_key_* labelled by ``name``
 
     def cap(self, payload: dict[str, Any], body: bytes) -> bytes:
         """Refuse a ``max_tokens`` over the cap (400); send the cap when the request gives none."""
@@ -169,10 +171,13 @@ class ApiKey:
 class Access:
     """The keys in force, their limits, and the admin token. ``authenticate`` is on the request path."""
 
-    def __init__(self, settings: Settings, limiter: Limiter) -> None:
+    def __init__(self, settings: Settings, limiter: Limiter, metrics: GatewayMetrics) -> None:
         self.settings = settings
         self.limiter = limiter
+        self.metrics = metrics
+        self.anonymous = metrics.key_metrics(ANONYMOUS_KEY)  # requests while no keys are configured (exported then)
         self.keys: dict[bytes, ApiKey] = {}
+        self._stats: dict[str, KeyMetrics] = {}
         token = settings.admin_token
         self._admin = hashlib.sha256(token.get_secret_value().encode()).digest() if token is not None else None
         self.load(read_keys(settings))
@@ -184,13 +189,21 @@ class Access:
     def load(self, config: KeysConfig) -> None:
         """Swap in a new key set; limits of keys kept by name keep their state."""
         limits = self.limiter.configure((k.name, k.rpm, k.tpm, k.concurrency) for k in config.keys)
+        stats = {k.name: self.metrics.key_metrics(k.name) for k in config.keys}
         keys = {}
         for k in config.keys:
             limited = k.rpm is not None or k.tpm is not None or k.concurrency is not None
             pools = frozenset(k.pools) if k.pools is not None else None
             key_limits = limits[k.name] if limited else None
-            keys[k.digest()] = ApiKey(k.name, k.digest(), k.max_tokens, pools, k.steering, key_limits)
+            keys[k.digest()] = ApiKey(k.name, k.digest(), k.max_tokens, pools, k.steering, key_limits, stats[k.name])
         self.keys = keys
+        for gone in self._stats.keys() - stats.keys():
+            self.metrics.forget_key(gone)
+        self._stats = stats
+        if keys:
+            self.metrics.forget_key(ANONYMOUS_KEY)
+        else:
+            self.anonymous = self.metrics.key_metrics(ANONYMOUS_KEY)
 
     def reload(self) -> int:
         """Re-read the keys (``POST /admin/reload``); an invalid source raises :class:`KeysError`, old keys stay."""
@@ -226,7 +239,19 @@ class Access:
         return key
 
     def admit(self, key: ApiKey, prompt_tokens: int, completion_tokens: int, now: float) -> Admission | None:
-        return key.limits.admit(prompt_tokens + completion_tokens, now) if key.limits is not None else None
+        if key.limits is None:
+            return None
+        try:
+            return key.limits.admit(prompt_tokens + completion_tokens, now)
+        except RateLimited as exc:
+            key.stats.refused(exc.limit)
+            raise
+
+    def finish(self, key: ApiKey | None, admission: Admission | None, status: int, used_tokens: int) -> None:
+        """A routed request ended: its admission (slot, unused tokens) back, once; its key's counters."""
+        if admission is not None:
+            admission.finish(used_tokens)
+        (key.stats if key is not None else self.anonymous).finished(status, used_tokens)
 
     def check_admin(self, headers: Mapping[str, str]) -> None:
         """Raise 401 unless the admin token is presented. No token set: open while no API keys are set."""

@@ -59,6 +59,7 @@ class Settings(BaseSettings):
     snapshot_interval_s: float = Field(default=0.25, gt=0)
     qps_window_s: float = Field(default=10.0, gt=0)
     reload_rules: bool = True
+    reload_keys: bool = True  # watch keys_file as the rules file is watched
     # Endpoints without a routing decision (gateway/passthrough.py): this pool first (unset: the rules' default).
     passthrough_pool: Literal["standard", "speculative"] | None = None
     responses_ttl_s: float = Field(default=3600.0, gt=0)  # how long a response id maps back to its replica

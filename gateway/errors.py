@@ -91,10 +91,13 @@ class RateLimited(GatewayError):
     error_type = "requests"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, error_type: str, headers: tuple[tuple[bytes, bytes], ...]) -> None:
+    def __init__(
+        self, message: str, error_type: str, headers: tuple[tuple[bytes, bytes], ...], limit: str = "rpm"
+    ) -> None:
         super().__init__(message)
         self.error_type = error_type
         self.headers = headers
+        self.limit = limit  # which of the key's limits refused it: rpm, tpm or concurrency
 
 
 class NoHealthyBackend(GatewayError):

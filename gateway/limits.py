@@ -117,17 +117,17 @@ class KeyLimits:
         self.last_used = now
         requests, tokens = self.requests, self.tokens
         if self.concurrency is not None and self.inflight + self.others_inflight >= self.concurrency:
-            raise self._refused("requests", f"concurrent requests: Limit {self.concurrency}", 1.0, now)
+            raise self._refused("requests", f"concurrent requests: Limit {self.concurrency}", 1.0, now, "concurrency")
         if requests is not None and not requests.take(1, now):
             message = f"requests per min (RPM): Limit {requests.limit:g}, Requested 1"
-            raise self._refused("requests", message, requests.wait_s(1), now)
+            raise self._refused("requests", message, requests.wait_s(1), now, "rpm")
         if tokens is not None and not tokens.take(cost, now):
             if requests is not None:
                 requests.give_back(1)
             message = f"tokens per min (TPM): Limit {tokens.limit:g}, Requested {cost}"
             if cost > tokens.limit:
                 message = f"Request too large for {message}; lower max_tokens or the prompt"
-            raise self._refused("tokens", message, tokens.wait_s(cost), now)
+            raise self._refused("tokens", message, tokens.wait_s(cost), now, "tpm")
         self.inflight += 1
         return Admission(self, cost, self.headers(now))
 
@@ -143,11 +143,11 @@ class KeyLimits:
             out += _TOKEN_HEADERS(tokens)
         return out
 
-    def _refused(self, kind: str, what: str, wait_s: float, now: float) -> RateLimited:
+    def _refused(self, kind: str, what: str, wait_s: float, now: float, limit: str) -> RateLimited:
         wait_s = max(wait_s, 0.001)
         message = f"Rate limit reached for key '{self.name}' on {what}. Please try again in {duration(wait_s)}."
         retry = ((b"retry-after", b"%d" % math.ceil(wait_s)), (b"retry-after-ms", b"%d" % math.ceil(wait_s * 1000)))
-        return RateLimited(message, kind, retry + self.headers(now))
+        return RateLimited(message, kind, retry + self.headers(now), limit)
 
 
 class Admission:

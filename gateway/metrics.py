@@ -2,14 +2,80 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.11, 1.25, 1.5, 2.0, 4.0)
 STEP_BUCKETS = (1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
+
+
+# The `key` label while no keys are configured (the gateway is open); key names cannot hold parentheses.
+ANONYMOUS_KEY = "(anonymous)"
+KEY_LIMITS = ("rpm", "tpm", "concurrency")
+
+
+class KeyMetrics:
+    """One key's counts (its configured name is the label: never what a client sends). Plain integers, added to
+    on the request path without a lock; :class:`KeyCollector` turns them into series at scrape time."""
+
+    __slots__ = ("client_error", "error", "limited", "ok", "rate_limited", "tokens")
+
+    def __init__(self) -> None:
+        self.ok = self.client_error = self.error = self.rate_limited = self.tokens = 0
+        self.limited = dict.fromkeys(KEY_LIMITS, 0)
+
+    def finished(self, status: int, tokens: int) -> None:
+        """A request the key got through its limits, ended with ``status`` (0: no answer), charged ``tokens``."""
+        if 0 < status < 400:
+            self.ok += 1
+        elif 400 <= status < 500:
+            self.client_error += 1
+        else:
+            self.error += 1
+        self.tokens += tokens
+
+    def refused(self, limit: str) -> None:
+        self.rate_limited += 1
+        self.limited[limit] += 1
+
+
+class KeyCollector(Collector):
+    """``specgate_key_*`` from the keys in force (label cardinality: the keys in force, plus ``(anonymous)``)."""
+
+    def __init__(self, keys: dict[str, KeyMetrics]) -> None:
+        self._keys = keys
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "specgate_key_requests",
+            "Requests per API key (its configured name; `(anonymous)` without keys) by outcome: ok, client_error "
+            "(4xx), error (5xx or no answer), rate_limited (refused by the key's own limits).",
+            labels=["key", "outcome"],
+        )
+        tokens = CounterMetricFamily(
+            "specgate_key_tokens",
+            "Tokens charged per API key, as its tpm limit counts them (prompt estimate + completion tokens).",
+            labels=["key"],
+        )
+        limited = CounterMetricFamily(
+            "specgate_key_rate_limited",
+            "Requests refused (429) per API key by the limit that refused them: rpm, tpm, concurrency.",
+            labels=["key", "limit"],
+        )
+        for name, k in list(self._keys.items()):
+            for outcome, value in (("ok", k.ok), ("client_error", k.client_error), ("error", k.error),
+                                   ("rate_limited", k.rate_limited)):  # fmt: skip
+                requests.add_metric([name, outcome], value)
+            tokens.add_metric([name], k.tokens)
+            for limit, value in k.limited.items():
+                limited.add_metric([name, limit], value)
+        yield from (requests, tokens, limited)
 
 
 class GatewayMetrics:
@@ -57,6 +123,19 @@ class GatewayMetrics:
             ["pool", "replica"],
             registry=registry,
         )
+        self.health_checks = Counter(
+            "specgate_health_checks",
+            "Active health checks by verdict: ok, failed, timeout (down, suspected), late (timed out while the "
+            "gateway's own event loop stalled: not counted against the replica).",
+            ["pool", "replica", "result"],
+            registry=registry,
+        )
+        self.suspect_dispatches = Counter(
+            "specgate_suspect_dispatches",
+            "Attempts sent to a replica whose last health check timed out, because no replica was up.",
+            ["pool"],
+            registry=registry,
+        )
         self.breaker_state = Gauge(
             "specgate_replica_breaker_state",
             "1 for the replica's current circuit-breaker state (closed, open, half_open), 0 for the others.",
@@ -84,6 +163,11 @@ class GatewayMetrics:
         self.rule_reloads = Counter(
             "specgate_rule_reloads", "Rules file reloads by result (ok, rejected).", ["result"], registry=registry
         )
+        self.key_reloads = Counter(
+            "specgate_key_reloads", "Keys file reloads by result (ok, rejected).", ["result"], registry=registry
+        )
+        self.keys: dict[str, KeyMetrics] = {}
+        registry.register(KeyCollector(self.keys))
         self.routing_step = Histogram(
             "specgate_routing_step_seconds",
             "Time spent in each routing step inside the gateway.",
@@ -130,10 +214,23 @@ class GatewayMetrics:
         )
         self.rule_reloads.labels("ok")
         self.rule_reloads.labels("rejected")
+        self.key_reloads.labels("ok")
+        self.key_reloads.labels("rejected")
         # Children the hot path uses, looked up once instead of per request.
         self.route_step = self.routing_step.labels("route")
         self._outcomes: dict[tuple[str, str, str, int], Any] = {}
         self._latency: dict[str, tuple[Any, Any, Any]] = {}
+
+    def key_metrics(self, key: str) -> KeyMetrics:
+        """The counts of ``key`` (a configured name, or ``(anonymous)``), kept across reloads."""
+        metrics = self.keys.get(key)
+        if metrics is None:
+            metrics = self.keys[key] = KeyMetrics()
+        return metrics
+
+    def forget_key(self, key: str) -> None:
+        """Drop a removed key's series, so the label set stays bounded by the keys in force."""
+        self.keys.pop(key, None)
 
     def count_request(self, pool: str, reason: str, task: str, status: int) -> None:
         key = (pool, reason, task, status)

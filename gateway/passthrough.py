@@ -190,8 +190,7 @@ async def run_relay(
             relay.allowed, relay.extra_headers = key.pools, list(admission.headers) if admission else []
         await relay.run(body, receive, send, direct_body(scope))
     finally:
-        if admission is not None:
-            admission.finish(relay.used_tokens(relay.features.prompt_tokens))
+        relay.state.access.finish(key, admission, relay.status, relay.used_tokens(relay.features.prompt_tokens))
 
 
 async def reject(

@@ -3,6 +3,10 @@
 A :class:`Booking` is taken at dispatch and released exactly once (end of stream, error or client
 disconnect); health checks change ``healthy`` and never touch bookings. A replica takes traffic while it is
 healthy and its circuit breaker (``gateway/breaker.py``, fed by the proxy's outcomes) admits requests.
+
+A replica down because its health check timed out (no answer, as opposed to a refusal or a non-200) is only
+*suspected*: when no replica of the allowed pools is up, :meth:`PoolSet.acquire` books a suspected one whose
+breaker admits rather than answering 503 at once (its breaker takes it out if real requests fail too).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from gateway.errors import NoHealthyBackend
 from gateway.metrics import GatewayMetrics
 from gateway.snapshot import POOL_NAMES, PoolSnapshot, other_pool
 
+HEALTH_VERDICTS = ("ok", "failed", "timeout", "late")  # gateway/health.py's verdicts
+
 
 @dataclass(eq=False)
 class Replica:
@@ -24,6 +30,7 @@ class Replica:
     pool: str
     metrics: GatewayMetrics
     healthy: bool = True
+    suspect: bool = False  # down because its last health check timed out (not a refusal or a non-200)
     booked_tokens: int = 0
     inflight: int = 0
     models: tuple[str, ...] = ()
@@ -39,6 +46,7 @@ class Replica:
         self._healthy_gauge.set(1 if self.healthy else 0)
         self._breaker_gauges = {s: self.metrics.breaker_state.labels(self.pool, self.url, s) for s in STATES}
         self._breaker_opens = self.metrics.breaker_opens.labels(self.pool, self.url)
+        self._checks = {v: self.metrics.health_checks.labels(self.pool, self.url, v) for v in HEALTH_VERDICTS}
         self.breaker = CircuitBreaker(self.policy, self._breaker_changed)
         self._breaker_changed(self.breaker.state)
 
@@ -48,9 +56,13 @@ class Replica:
         if state == OPEN:
             self._breaker_opens.inc()
 
-    def set_healthy(self, healthy: bool) -> None:
+    def set_healthy(self, healthy: bool, suspect: bool = False) -> None:
         self.healthy = healthy
+        self.suspect = suspect and not healthy
         self._healthy_gauge.set(1 if healthy else 0)
+
+    def count_check(self, verdict: str) -> None:
+        self._checks[verdict].inc()
 
     def book(self, tokens: int) -> Booking:
         self.booked_tokens += tokens
@@ -99,6 +111,11 @@ class Pool:
         a, b = self._rng.sample(candidates, 2)
         return a if a.booked_tokens <= b.booked_tokens else b
 
+    def pick_suspect(self, exclude: frozenset[Replica] = frozenset()) -> Replica | None:
+        """The least-booked replica down only on a timed-out health check whose breaker admits (last resort)."""
+        candidates = [r for r in self.replicas if r.suspect and r.breaker.admits and r not in exclude]
+        return min(candidates, key=lambda r: r.booked_tokens) if candidates else None
+
     def snapshot_counts(self) -> tuple[int, int]:
         return sum(1 for r in self.replicas if r.healthy and r.breaker.state != OPEN), len(self.replicas)
 
@@ -135,6 +152,8 @@ class PoolSet:
         if replica is None and (allowed is None or other in allowed):
             replica = self.pools[other].pick(tried)
         if replica is None:
+            replica = self._last_resort(pool, tried, allowed)
+        if replica is None:
             raise NoHealthyBackend(f"no healthy replica in the {pool} pool")
         return replica.book(tokens)
 
@@ -148,7 +167,21 @@ class PoolSet:
             replica = self.pools[name].pick(tried)
             if replica is not None:
                 return replica.book(tokens)
+        replica = self._last_resort(pool, tried, allowed)
+        if replica is not None:
+            return replica.book(tokens)
         raise NoHealthyBackend("no other healthy replica to retry on")
+
+    def _last_resort(self, pool: str, tried: frozenset[Replica], allowed: frozenset[str] | None) -> Replica | None:
+        """No replica is up: a suspected one (its health check timed out) of ``pool``, else of the other pool."""
+        for name in (pool, other_pool(pool)):
+            if name != pool and allowed is not None and name not in allowed:
+                continue
+            replica = self.pools[name].pick_suspect(tried)
+            if replica is not None:
+                self._metrics.suspect_dispatches.labels(name).inc()
+                return replica
+        return None
 
     def pool_snapshots(self) -> dict[str, PoolSnapshot]:
         result = {}
@@ -179,6 +212,7 @@ class PoolSet:
 def replica_states(pools: PoolSet) -> list[dict[str, object]]:
     """Each replica's health-check result and breaker state, for ``/ready``."""
     return [
-        {"pool": r.pool, "url": r.url, "healthy": r.healthy, "breaker": r.breaker.state, "inflight": r.inflight}
+        {"pool": r.pool, "url": r.url, "healthy": r.healthy, "suspect": r.suspect, "breaker": r.breaker.state,
+         "inflight": r.inflight}
         for r in pools.replicas()
-    ]
+    ]  # fmt: skip

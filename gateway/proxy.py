@@ -87,9 +87,9 @@ class ProxyRoute:
             if key is not None:
                 relay.allowed, relay.extra_headers = key.pools, list(admission.headers) if admission else []
             await relay.run(body, receive, send, direct_body(scope))
-        finally:
-            if admission is not None:  # exactly once, whatever ended the request
-                admission.finish(relay.used_tokens(features.prompt_tokens) if relay is not None else 0)
+        finally:  # the admission back exactly once, whatever ended the request; the key's counters
+            used = relay.used_tokens(features.prompt_tokens) if relay is not None else 0
+            state.access.finish(key, admission, relay.status if relay is not None else 0, used)
 
     def route(self, body: bytes, headers: dict[str, str]) -> tuple[RequestFeatures, Decision]:
         return self.route_payload(parse_json_object(body), headers, self.state.current_snapshot())

@@ -62,7 +62,8 @@ class GatewayState:
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
         self.upstream_auth = upstream_headers(settings)  # per pool: the Authorization sent to its replicas
-        self.access = Access(settings, Limiter(owner=f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"))
+        limiter = Limiter(owner=f"{socket.gethostname()}:{os.getpid()}:{id(self):x}")
+        self.access = Access(settings, limiter, self.metrics)
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
         self.learner = Learner()
@@ -191,8 +192,10 @@ class GatewayState:
     async def start(self) -> None:
         await self.upstream.start()
         await self.signals.start()
+        lag = LoopLagMonitor(self.metrics.loop_lag)
+        self.add_task(lag.run(), "loop-lag")  # before the first health check: it judges timeouts by the lag
         checker = HealthChecker(
-            self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self._health_round
+            self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self._health_round, lag
         )
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")
@@ -201,7 +204,6 @@ class GatewayState:
         if self.settings.redis_url:
             interval = self.settings.redis_sync_interval_s
             self.add_task(self.access.limiter.run(self.signals.store, interval), "limits-sync")
-        self.add_task(LoopLagMonitor(self.metrics.loop_lag).run(), "loop-lag")
         if self.model_sync is not None:
             self.add_task(self._model_sync_loop(self.model_sync), "model-sync")
 

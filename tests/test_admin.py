@@ -78,7 +78,7 @@ def test_reload_swaps_valid_rules_and_keys_and_keeps_old_ones_on_error(gateway: 
     rules, keys = tmp_path / "rules.yaml", tmp_path / "keys.yaml"
     rules.write_text(default_rules_path().read_text())
     keys.write_text("keys: [{name: app, key: sk-app, rpm: 100}]")
-    gw = gateway(admin_token=ADMIN, rules_file=rules, keys_file=keys, reload_rules=False)
+    gw = gateway(admin_token=ADMIN, rules_file=rules, keys_file=keys, reload_rules=False, reload_keys=False)
     chat = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
 
     def status(key: str) -> int:

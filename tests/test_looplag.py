@@ -26,3 +26,19 @@ async def test_a_blocked_loop_shows_as_lag_in_the_next_window() -> None:
         assert metrics.loop_lag._value.get() < 0.25
     finally:
         task.cancel()
+
+
+async def test_stalled_seconds_count_a_stall_before_the_late_tick_wakes() -> None:
+    metrics = GatewayMetrics(CollectorRegistry())
+    monitor = LoopLagMonitor(metrics.loop_lag, tick_s=0.01, window_s=1.0)
+    task = asyncio.create_task(monitor.run())
+    try:
+        await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        before = monitor.stalled_s(loop.time())
+        time.sleep(0.3)  # noqa: ASYNC251 -- a stall; the monitor has not woken since
+        assert monitor.stalled_s(loop.time()) - before >= 0.28  # the overdue tick counts already
+        await asyncio.sleep(0.05)
+        assert 0.28 <= monitor.stalled_s(loop.time()) - before < 0.28 + 0.25  # counted once, when it wakes
+    finally:
+        task.cancel()

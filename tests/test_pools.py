@@ -74,3 +74,34 @@ def test_pool_snapshots_count_health() -> None:
     snaps = pools.pool_snapshots()
     assert (snaps["standard"].healthy_replicas, snaps["standard"].total_replicas) == (1, 2)
     assert snaps["speculative"].available
+
+
+def test_when_no_replica_is_up_a_suspected_one_is_tried_before_503() -> None:
+    pools = make(["http://a:1", "http://b:1"], ["http://s:1"])
+    a, b = pools.pools["standard"].replicas
+    (s,) = pools.pools["speculative"].replicas
+    a.set_healthy(False)  # refused or answered non-200: down for sure
+    b.set_healthy(False, suspect=True)  # its health check timed out
+    s.set_healthy(False, suspect=True)
+    assert pools.acquire("standard", 1).replica is b  # the decided pool's suspect first
+    assert pools.acquire_retry("standard", 1, frozenset({b})).replica is s
+    assert pools.acquire("standard", 1, allowed=frozenset({"standard"})).replica is b
+    with pytest.raises(NoHealthyBackend):
+        pools.acquire_retry("standard", 1, frozenset({b}), allowed=frozenset({"standard"}))
+    for _ in range(5):
+        b.breaker.failure()  # real requests failed too: its breaker opens and it is out
+    s.set_healthy(True)
+    s.set_healthy(False)
+    with pytest.raises(NoHealthyBackend):
+        pools.acquire("standard", 1)
+    assert pools.pool_snapshots()["standard"].healthy_replicas == 0  # a suspect does not count as up
+    registry = pools.replicas()[0].metrics.registry
+    assert registry.get_sample_value("specgate_suspect_dispatches_total", {"pool": "standard"}) == 2
+
+
+def test_a_passing_check_clears_suspicion() -> None:
+    pools = make(["http://a:1"])
+    (a,) = pools.pools["standard"].replicas
+    a.set_healthy(False, suspect=True)
+    a.set_healthy(True)
+    assert a.healthy and not a.suspect

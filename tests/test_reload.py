@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,3 +77,65 @@ def test_reload_changes_replicas_without_losing_bookings(
     wait_for(lambda: len(gw.app.state.pools.pools["standard"].replicas) == 2, what="new replica list")
     assert gw.app.state.pools.pools["standard"].replicas[0] is booking.replica
     booking.release()
+
+
+def status_with(url: str, key: str) -> int:
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+    with httpx.Client(base_url=url) as client:
+        return client.post("/v1/chat/completions", json=body, headers={"authorization": f"Bearer {key}"}).status_code
+
+
+def secret_volume(root: Path, text: str, version: int) -> None:
+    """Write ``keys.yaml`` as Kubernetes mounts a Secret: ``..data`` -> a timestamped directory, swapped
+    atomically by renaming a new symlink over it; ``keys.yaml`` -> ``..data/keys.yaml``."""
+    target = root / f"..2024_01_01_00_00_0{version}"
+    target.mkdir()
+    (target / "keys.yaml").write_text(text)
+    link = root / "..data_tmp"
+    link.symlink_to(target.name)
+    link.replace(root / "..data")
+    if not (root / "keys.yaml").is_symlink():
+        (root / "keys.yaml").symlink_to("..data/keys.yaml")
+
+
+def test_keys_file_changes_take_effect_without_a_restart(gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys: [{name: app, key: sk-app, rpm: 1000}]")
+    gw = gateway(keys_file=keys)
+    limits = gw.app.state.access.limiter.keys["app"]
+    assert (status_with(gw.url, "sk-app"), status_with(gw.url, "sk-new")) == (200, 401)
+
+    tmp = keys.with_suffix(".tmp")
+    tmp.write_text("keys: [{name: app, key: sk-app, rpm: 1000}, {name: new, key: sk-new}]")
+    tmp.replace(keys)
+    wait_for(lambda: gw.sample("specgate_key_reloads_total", result="ok") >= 1, what="keys reload")
+    assert (status_with(gw.url, "sk-app"), status_with(gw.url, "sk-new")) == (200, 200)
+    assert gw.app.state.access.limiter.keys["app"] is limits  # a key kept by name keeps its limits' state
+
+    keys.write_text("keys: [{name: app, key: sk-app}, {name: broken}]")  # in place, and invalid
+    wait_for(lambda: gw.sample("specgate_key_reloads_total", result="rejected") >= 1, what="rejection")
+    assert (status_with(gw.url, "sk-app"), status_with(gw.url, "sk-new")) == (200, 200)  # the old keys stay
+
+    keys.write_text("keys: [{name: new, key: sk-new}]")  # a valid file after an invalid one
+    wait_for(lambda: status_with(gw.url, "sk-app") == 401, what="the removed key refused")
+    assert status_with(gw.url, "sk-new") == 200
+
+
+def test_keys_in_a_secret_volume_reload_on_the_symlink_swap(
+    gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    secret_volume(tmp_path, "keys: [{name: app, key: sk-app}]", 1)
+    gw = gateway(keys_file=tmp_path / "keys.yaml")
+    assert (status_with(gw.url, "sk-app"), status_with(gw.url, "sk-two")) == (200, 401)
+    secret_volume(tmp_path, "keys: [{name: two, key: sk-two}]", 2)
+    wait_for(lambda: gw.sample("specgate_key_reloads_total", result="ok") >= 1, what="keys reload")
+    assert (status_with(gw.url, "sk-app"), status_with(gw.url, "sk-two")) == (401, 200)
+
+
+def test_keys_watcher_can_be_switched_off(gateway: Callable[..., Gateway], tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("keys: [{name: app, key: sk-app}]")
+    gw = gateway(keys_file=keys, reload_keys=False)
+    keys.write_text("keys: [{name: two, key: sk-two}]")
+    time.sleep(0.5)
+    assert (status_with(gw.url, "sk-app"), status_with(gw.url, "sk-two")) == (200, 401)

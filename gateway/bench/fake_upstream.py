@@ -9,11 +9,12 @@ Behaviour per request comes from headers, which the gateway forwards unchanged:
     x-fake-stall-after: 3     stop sending (but keep the connection) after this many events
     x-fake-reset: 1           drop the connection without answering
 
-``FakeUpstream.healthy`` switches ``/health`` between 200 and 503; ``requests`` counts what arrived and
-``cancelled`` counts streams the client went away from. ``base_delay`` (``--delay``, or ``POST
-/fake/delay?s=1.5`` on a running process) delays every response head that sets no ``x-fake-delay``: a slow
-replica that still answers. Any other path is echoed (method, path, query, body) as JSON, so a test can tell
-exactly what the gateway forwarded (``seen`` notes every request, so also that it forwarded nothing).
+``FakeUpstream.healthy`` switches ``/health`` between 200 and 503 (``health_delay``: seconds before it
+answers); ``requests`` counts what arrived and ``cancelled`` counts streams the client went away from.
+``base_delay`` (``--delay``, or ``POST /fake/delay?s=1.5`` on a running process) delays every response head
+that sets no ``x-fake-delay``: a slow replica that still answers. Any other path is echoed (method, path,
+query, body) as JSON, so a test can tell exactly what the gateway forwarded (``seen`` notes every request, so
+also that it forwarded nothing).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class FakeUpstream:
         self.model = model
         self.name = name
         self.healthy = True
+        self.health_delay = 0.0
         self.base_delay = 0.0
         self.requests = 0
         self.cancelled = 0
@@ -82,6 +84,8 @@ class FakeUpstream:
         return web.Response(status=status, body=orjson.dumps(echo), content_type="application/json")
 
     async def _health(self, _: web.Request) -> web.Response:
+        if self.health_delay:
+            await asyncio.sleep(self.health_delay)
         return web.Response(status=200 if self.healthy else 503)
 
     async def _models(self, _: web.Request) -> web.Response:

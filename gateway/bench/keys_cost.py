@@ -2,7 +2,8 @@
 
 The whole-path comparison is ``specgate bench overhead --targets direct,specgate,specgate/keys``; on a busy
 machine its figures are noisy, so this measures just the code keys add (authenticate, the max_tokens cap,
-allowed pools, admission to three buckets and its finish) against the routing step without keys, in process
+allowed pools, admission to three buckets and its finish, the per-key counters) against the routing step
+without keys (with the anonymous counters), in process
 CPU time (other processes' load does not count), best of 7 runs.
 """
 
@@ -40,11 +41,11 @@ def per_request_us(keys: bool, requests: int, runs: int = 7) -> float:
             headers = {**HEADERS, "authorization": "Bearer sk-bench"}
             key = access.authenticate(headers)
             if key is None:
-                route.route(BODY, headers)
+                features, _ = route.route(BODY, headers)
+                access.finish(None, None, 200, features.prompt_tokens + 16)  # the anonymous counters
                 continue
             _, features, _, admission = route.route_key(key, BODY, headers)
-            if admission is not None:
-                admission.finish(features.prompt_tokens + 16)
+            access.finish(key, admission, 200, features.prompt_tokens + 16)  # admission back, per-key counters
         best = min(best, (time.process_time() - started) / requests)
     return best * 1e6
 

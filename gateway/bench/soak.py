@@ -29,6 +29,7 @@ import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from gateway.bench.cpu import cpu_seconds, cpu_ticks
 from gateway.bench.lean_client import LeanClient, Measurement
 from gateway.bench.loadgen import percentile, wait_http
 from gateway.bench.overhead import STARTUP_TIMEOUT_S, process, proxy_command
@@ -67,6 +68,9 @@ class Sample:
     gateway_5xx: float | None = None
     gateway_5xx_by: dict[str, float] = field(default_factory=dict)  # "status reason" -> count so far
     scrape_ms: float | None = None
+    gateway_cpu: float | None = None  # the gateway process's CPU time over the interval, as a share of one core
+    apparatus_cpu: float | None = None  # the busier of the load generator and the lean upstream, share of a core
+    machine_busy: float | None = None  # every CPU of the machine, whoever used them, share of all of them
 
 
 @dataclass
@@ -152,11 +156,39 @@ def gateway_gauges(text: str) -> tuple[float | None, dict[str, float]]:
     return lag, errors
 
 
-class Sampler:
-    """Every ``sample_s``: the load's progress and, with a gateway pid, the gateway's RSS, fds and gauges."""
+class CpuSampler:
+    """CPU shares since the last reading: the gateway's and the apparatus's (the busier of this process, the
+    load generator, and the upstream; each is one thread) as shares of one core, and the whole machine's busy
+    share (other processes included)."""
 
-    def __init__(self, config: SoakConfig, result: Measurement, url: str, pid: int | None) -> None:
-        self.config, self.result, self.url, self.pid = config, result, url, pid
+    def __init__(self, upstream_pid: int, gateway_pid: int | None) -> None:
+        self.upstream_pid, self.gateway_pid = upstream_pid, gateway_pid
+        self.cpus = os.sched_getaffinity(0)
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, float, tuple[float, float], tuple[int, int]]:
+        gateway = cpu_seconds(self.gateway_pid) if self.gateway_pid is not None else 0.0
+        apparatus = (time.process_time(), cpu_seconds(self.upstream_pid))
+        return time.perf_counter(), gateway, apparatus, cpu_ticks(self.cpus)
+
+    def sample(self, sample: Sample) -> None:
+        (t0, gw0, app0, (busy0, total0)), now = self._last, self._read()
+        t1, gw1, app1, (busy1, total1) = now
+        self._last = now
+        window = t1 - t0
+        if window <= 0:
+            return
+        sample.apparatus_cpu = max(after - before for before, after in zip(app0, app1, strict=True)) / window
+        sample.gateway_cpu = (gw1 - gw0) / window if self.gateway_pid is not None else None
+        sample.machine_busy = (busy1 - busy0) / (total1 - total0) if total1 > total0 else None
+
+
+class Sampler:
+    """Every ``sample_s``: the load's progress, CPU shares and, with a gateway pid, the gateway's RSS, fds and
+    gauges."""
+
+    def __init__(self, config: SoakConfig, result: Measurement, url: str, pid: int | None, cpu: CpuSampler) -> None:
+        self.config, self.result, self.url, self.pid, self.cpu = config, result, url, pid, cpu
         self.samples: list[Sample] = []
         self.probe_errors: list[str] = []
 
@@ -164,13 +196,17 @@ class Sampler:
         # a fresh connection per probe: a kept-alive one would race uvicorn's 5 s keep-alive timeout (ReadError)
         no_keepalive = httpx.Limits(max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=self.url, timeout=30.0, limits=no_keepalive) as http:
-            previous, previous_t = 0, 0.0
+            previous, previous_t, due = 0, 0.0, 0.0
             while True:
-                await asyncio.sleep(self.config.sample_s - (time.perf_counter() - started) % self.config.sample_s)
+                # the next boundary after the last one (a timer that wakes a hair early must not sample twice)
+                elapsed = time.perf_counter() - started
+                due = max(due + self.config.sample_s, elapsed - elapsed % self.config.sample_s)
+                await asyncio.sleep(due - elapsed)
                 t = time.perf_counter() - started
                 completed = len(self.result.latencies)
                 sample = Sample(round(t, 1), completed, self.result.errors, (completed - previous) / (t - previous_t))
                 previous, previous_t = completed, t
+                self.cpu.sample(sample)
                 if self.pid is not None:
                     try:
                         await self._probe(http, sample)
@@ -194,11 +230,16 @@ class Sampler:
 def _line(s: Sample) -> str:
     lag = "" if s.loop_lag_ms is None else f"  loop lag {s.loop_lag_ms:.1f} ms"
     gateway = "" if s.rss_mb is None else f"  RSS {s.rss_mb:.1f} MiB  fds {s.fds}{lag}"
-    return f"{s.rps:>7.1f} req/s  done {s.completed}  errors {s.errors}{gateway}"
+    cpu = "" if s.apparatus_cpu is None else f"  CPU apparatus {s.apparatus_cpu:.0%}"
+    if s.gateway_cpu is not None:
+        cpu += f" gateway {s.gateway_cpu:.0%}"
+    if s.machine_busy is not None:
+        cpu += f" machine {s.machine_busy:.0%}"
+    return f"{s.rps:>7.1f} req/s  done {s.completed}  errors {s.errors}{gateway}{cpu}"
 
 
 async def _phase(target: str, url: str, duration_s: float, config: SoakConfig, pid: int | None,
-                 console: Console) -> Phase:  # fmt: skip
+                 upstream_pid: int, console: Console) -> Phase:  # fmt: skip
     body = orjson.dumps({"model": "fake-model", "stream": True, "max_tokens": config.chunks,
                          "messages": [{"role": "user", "content": "Tell me about the sea."}]})  # fmt: skip
     headers = {"content-type": "application/json", "x-fake-chunks": str(config.chunks),
@@ -206,7 +247,7 @@ async def _phase(target: str, url: str, duration_s: float, config: SoakConfig, p
     client = LeanClient(url, timeout_s=config.request_timeout_s)
     request = client.request("/v1/chat/completions", body, headers)
     result = Measurement()
-    sampler = Sampler(config, result, url, pid)
+    sampler = Sampler(config, result, url, pid, CpuSampler(upstream_pid, pid))
     started = time.perf_counter()
     sampling = asyncio.create_task(sampler.run(started, console))
     try:
@@ -228,9 +269,10 @@ async def _phase(target: str, url: str, duration_s: float, config: SoakConfig, p
     )  # fmt: skip
 
 
-def phase(target: str, url: str, duration_s: float, config: SoakConfig, pid: int | None, console: Console) -> Phase:
+def phase(target: str, url: str, duration_s: float, config: SoakConfig, pid: int | None, upstream_pid: int,
+          console: Console) -> Phase:  # fmt: skip
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_phase(target, url, duration_s, config, pid, console))
+        return runner.run(_phase(target, url, duration_s, config, pid, upstream_pid, console))
 
 
 def run(config: SoakConfig, console: Console) -> SoakResult:
@@ -238,16 +280,16 @@ def run(config: SoakConfig, console: Console) -> SoakResult:
     upstream_port = free_port()
     upstream = f"http://127.0.0.1:{upstream_port}"
     upstream_cmd = [sys.executable, "-m", "gateway.bench.lean_upstream", "--port", str(upstream_port)]
-    with process(upstream_cmd, None):
+    with process(upstream_cmd, None) as upstream_proc:
         wait_http(upstream + "/health", timeout_s=STARTUP_TIMEOUT_S)
         console.print(f"[bold]direct[/] ({config.direct_s:.0f} s)")
-        direct = phase("direct", upstream, config.direct_s, config, None, console)
+        direct = phase("direct", upstream, config.direct_s, config, None, upstream_proc.pid, console)
         port = free_port()
         with process(proxy_command("specgate", port, upstream), None) as gateway:
             url = f"http://127.0.0.1:{port}"
             wait_http(url + "/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
             console.print(f"[bold]specgate[/] ({config.duration_s:.0f} s, gateway pid {gateway.pid})")
-            through = phase("specgate", url, config.duration_s, config, gateway.pid, console)
+            through = phase("specgate", url, config.duration_s, config, gateway.pid, upstream_proc.pid, console)
     return SoakResult(config, direct, through)
 
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 MAX_ROWS = 24
+CPU_BOUND = 0.9  # a share of a core (the gateway, the apparatus) or of the machine past which it limits the run
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -29,7 +30,8 @@ def samples_table(result: SoakResult) -> Table:
     base = warm[0].rss_mb if warm else None
     table = Table(title=f"soak samples: {result.config.streams} paced streams through specgate serve (every "
                         f"{step * result.config.sample_s:.0f} s shown)")  # fmt: skip
-    for column in ("t s", "req/s", "done", "errors", "5xx", "RSS MiB", "vs warm", "fds", "loop lag ms", "/metrics ms"):
+    for column in ("t s", "req/s", "done", "errors", "5xx", "RSS MiB", "vs warm", "fds", "loop lag ms", "/metrics ms",
+                   "gw CPU", "app CPU", "machine"):  # fmt: skip
         table.add_column(column, justify="right")
     for s in shown:
         after = base is not None and s.rss_mb is not None and s.t_s >= result.config.warmup_s
@@ -37,6 +39,7 @@ def samples_table(result: SoakResult) -> Table:
         table.add_row(
             f"{s.t_s:.0f}", f"{s.rps:.1f}", str(s.completed), str(s.errors), _fmt(s.gateway_5xx, ".0f"),
             _fmt(s.rss_mb, ".1f"), growth, _fmt(s.fds, "d"), _fmt(s.loop_lag_ms, ".1f"), _fmt(s.scrape_ms, ".1f"),
+            _fmt(s.gateway_cpu, ".0%"), _fmt(s.apparatus_cpu, ".0%"), _fmt(s.machine_busy, ".0%"),
         )  # fmt: skip
     return table
 
@@ -72,12 +75,45 @@ def verdicts(result: SoakResult) -> list[str]:
         lines.append(f"event-loop lag (5 s windows): median {median:.1f} ms, max {max(lags):.1f} ms")
     if fds:
         lines.append(f"open fds after the warm-up: {min(fds)}..{max(fds)}")
+    lines += cpu_lines(result)
     by = next((s.gateway_5xx_by for s in reversed(result.gateway.samples) if s.gateway_5xx_by), None)
     if by:
         lines.append("gateway 5xx by status and reason: " + ", ".join(f"{k}: {v:.0f}" for k, v in sorted(by.items())))
     if result.gateway.probe_errors:
         lines.append(f"/metrics probes that failed: {len(result.gateway.probe_errors)} "
                      f"(first: {result.gateway.probe_errors[0]})")  # fmt: skip
+    return lines
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = sorted(v for v in values if v is not None)
+    return known[len(known) // 2] if known else None
+
+
+def cpu_lines(result: SoakResult) -> list[str]:
+    """Who had the CPU in the steady part of each phase, and what limits the throughput ratio, if anything."""
+    lines = []
+    shares: dict[str, tuple[float | None, float | None, float | None]] = {}
+    for p in (result.direct, result.gateway):
+        steady = [s for s in p.samples if s.t_s >= result.config.ramp_s]
+        gateway = _median([s.gateway_cpu for s in steady])
+        apparatus = _median([s.apparatus_cpu for s in steady])
+        machine = _median([s.machine_busy for s in steady])
+        shares[p.target] = (gateway, apparatus, machine)
+        parts = [f"gateway {gateway:.0%} of a core"] if gateway is not None else []
+        parts += [f"apparatus (busier of load generator, upstream) {apparatus:.0%}"] if apparatus is not None else []
+        parts += [f"machine {machine:.0%} busy (every process)"] if machine is not None else []
+        if parts:
+            lines.append(f"CPU, {p.target} (steady medians): " + ", ".join(parts))
+    gateway, apparatus, machine = shares.get(result.gateway.target, (None, None, None))
+    if gateway is not None and gateway >= CPU_BOUND:
+        lines.append(f"[yellow]the gateway is CPU-bound[/] (>= {CPU_BOUND:.0%} of its core): a shortfall is its own")
+    elif machine is not None and machine >= CPU_BOUND:
+        lines.append(f"[yellow]the machine was saturated[/] (>= {CPU_BOUND:.0%} busy, the gateway under it): a "
+                     "shortfall is the machine's, not the gateway's; rerun on a quieter machine")  # fmt: skip
+    elif apparatus is not None and apparatus >= CPU_BOUND:
+        lines.append(f"[yellow]the apparatus is saturated[/] (a process >= {CPU_BOUND:.0%} of a core): the figures are "
+                     "its own")  # fmt: skip
     return lines
 
 

@@ -61,3 +61,18 @@ def test_short_soak_has_no_errors_and_no_rss_growth_trend(tmp_path: Path) -> Non
     assert all(s.loop_lag_ms is not None for s in result.gateway.samples)
     assert result.ratio > 0.9  # loose: an 8 s direct phase on a shared machine; the full run reports it
     assert (tmp_path / "soak.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("gateway_cpu", "machine", "says"),
+    [(0.97, 1.0, "the gateway is CPU-bound"), (0.35, 1.0, "the machine was saturated"), (0.35, 0.5, None)],
+    ids=["gateway-bound", "machine-bound", "neither"],
+)
+def test_the_report_says_whose_cpu_limited_the_run(gateway_cpu: float, machine: float, says: str | None) -> None:
+    config = SoakConfig(chunks=4, pace_s=0.05)
+    samples = [Sample(float(t), 0, 0, 0.0, gateway_cpu=gateway_cpu, apparatus_cpu=0.3, machine_busy=machine)
+               for t in range(5, 30, 5)]  # fmt: skip
+    lines = soak_report.cpu_lines(SoakResult(config, phase([]), phase(samples)))
+    assert f"gateway {gateway_cpu:.0%} of a core" in lines[0] and f"machine {machine:.0%} busy" in lines[0]
+    verdict = [line for line in lines[1:] if "[yellow]" in line]
+    assert (verdict[0].split("[/]")[0].removeprefix("[yellow]") if verdict else None) == says

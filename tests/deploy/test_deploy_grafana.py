@@ -108,6 +108,10 @@ def label_sets() -> dict[str, set[str]]:
         for family in metric.describe() if hasattr(metric, "describe") else []:
             for suffix in _SAMPLE_SUFFIXES.get(family.type, [""]):
                 labels[family.name + suffix] = names | ({"le"} if suffix == "_bucket" else set())
+    gateway.key_metrics("a-key")  # the per-key series come from a collector: their labels from its samples
+    for family in registry.collect():
+        for sample in family.samples:
+            labels.setdefault(sample.name, set()).update(sample.labels)
     for fixture in sorted(FIXTURES_DIR.glob("vllm-*-metrics-*.txt")):
         for family in text_string_to_metric_families(fixture.read_text()):
             for sample in family.samples:

@@ -160,6 +160,14 @@ class GatewayMetrics:
             ["from_pool", "to_pool"],
             registry=registry,
         )
+        self.resumes = Counter(
+            "specgate_stream_resumes",
+            "Streams cut after their first byte that the gateway resumed on another replica (rules `resume:`), "
+            "by outcome: ok (continued to the end), ended (nothing left to generate: ended cleanly), failed "
+            "(ended with an error event).",
+            ["outcome"],
+            registry=registry,
+        )
         self.rule_reloads = Counter(
             "specgate_rule_reloads", "Rules file reloads by result (ok, rejected).", ["result"], registry=registry
         )
@@ -216,6 +224,8 @@ class GatewayMetrics:
         self.rule_reloads.labels("rejected")
         self.key_reloads.labels("ok")
         self.key_reloads.labels("rejected")
+        for outcome in ("ok", "ended", "failed"):
+            self.resumes.labels(outcome)
         # Children the hot path uses, looked up once instead of per request.
         self.route_step = self.routing_step.labels("route")
         self._outcomes: dict[tuple[str, str, str, int], Any] = {}

@@ -32,6 +32,7 @@ from gateway.features import RequestFeatures, extract_features
 from gateway.guard import Guard
 from gateway.limits import Admission
 from gateway.pools import Booking, Replica
+from gateway.resume import StreamTap, plan, resume_stream
 from gateway.snapshot import Snapshot
 from gateway.state import GatewayState
 from gateway.upstream import RawHeaders, UpstreamResponse, forwardable
@@ -86,6 +87,8 @@ class ProxyRoute:
             relay = _Relay(state, self.path, features, decision, headers, started, request_id)
             if key is not None:
                 relay.allowed, relay.extra_headers = key.pools, list(admission.headers) if admission else []
+            if features.stream and state.ruleset.rules.resume.streams:
+                relay.resume = plan(self.kind, features, body, state.ruleset.rules.resume)
             await relay.run(body, receive, send, direct_body(scope))
         finally:  # the admission back exactly once, whatever ended the request; the key's counters
             used = relay.used_tokens(features.prompt_tokens) if relay is not None else 0
@@ -121,6 +124,7 @@ class _Relay:
     method = "POST"
     usage_key = _USAGE_KEY  # completion tokens in the usage object (the Responses API names them differently)
     generation = True  # latency histograms and learning describe generation; pass-through calls set False
+    resume: StreamTap | None = None  # set for a stream that may be resumed if cut (gateway/resume.py)
 
     def __init__(
         self,
@@ -260,6 +264,8 @@ class _Relay:
             if _ACCEPTANCE_KEY in first:
                 self.acceptance = _number_after(first, _ACCEPTANCE_KEY)
             return
+        if self.resume is not None:
+            first = self.resume.take(first)
         await self._send_head(send, response.status, headers + _STREAM_HEADERS, first, more_body=True)
         self.ttft = time.perf_counter() - self.started
         self.events = first.count(b"data: ")
@@ -275,6 +281,8 @@ class _Relay:
             else:
                 while chunk := await chunks():
                     guard.deadline = loop.time() + idle
+                    if self.resume is not None and not (chunk := self.resume.take(chunk)):
+                        continue
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     self._count(chunk)
         except response.read_errors as exc:
@@ -285,6 +293,8 @@ class _Relay:
         finally:
             await response.close()
         guard.settle()
+        if self.resume is not None:
+            tail = self.resume.end(tail)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         self.tokens = self.usage or max(self.events - 1, 0)  # the last event is [DONE]
 
@@ -311,6 +321,8 @@ class _Relay:
         """The pipe's sink: runs in the upstream connection's read callback, once per socket read."""
         assert self._guard is not None and self._writer is not None
         self._guard.deadline = self._guard.loop.time() + self.state.settings.idle_timeout_s
+        if self.resume is not None and not (chunk := self.resume.take(chunk)):
+            return True  # only part of an event so far: it goes out whole, with the next read
         self._count(chunk)
         return self._writer.write(chunk)
 
@@ -326,6 +338,8 @@ class _Relay:
             self.status = exc.status_code
             await send_error(send, exc, self._route_headers())
             return
+        if self.resume is not None and isinstance(exc, UpstreamError) and await resume_stream(self, send):
+            return  # continued on another replica (gateway/resume.py)
         # The head already went out: end the stream with an error event, as OpenAI does mid-stream.
         event = b"data: " + error_body(exc.message, exc.error_type, None, exc.code) + b"\n\n"
         await send({"type": "http.response.body", "body": event, "more_body": False})

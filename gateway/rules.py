@@ -214,6 +214,14 @@ class AdaptiveConfig(_Strict):
     warmup_pool: PoolName = Field(default="standard", description="`default_pool: fastest` while warming up")
 
 
+class ResumeConfig(_Strict):
+    """Resuming a stream cut mid-answer on another replica (see gateway/resume.py, docs/operating.md). Off by
+    default: the continuation is the model's, not the dead replica's (identical only for greedy decoding)."""
+
+    streams: bool = Field(default=False, description="resume eligible chat streams cut after their first byte")
+    max_attempts: int = Field(default=1, ge=1, le=3, description="continuations tried per stream, one replica each")
+
+
 class RoutingRules(_Strict):
     version: Literal[1] = 1
     pools: dict[PoolName, PoolConfig] = Field(default_factory=dict)
@@ -224,6 +232,7 @@ class RoutingRules(_Strict):
     default_pool: PoolTarget = "standard"
     objective: Objective = "e2e"  # what `fastest` minimises: end-to-end latency or time to first token
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
+    resume: ResumeConfig = Field(default_factory=ResumeConfig)
 
     @cached_property
     def uses_fastest(self) -> bool:

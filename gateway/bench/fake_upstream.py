@@ -7,7 +7,16 @@ Behaviour per request comes from headers, which the gateway forwards unchanged:
     x-fake-chunks: 64         stream events (stream requests) / completion tokens (non-stream)
     x-fake-interval: 0.01     seconds between stream events
     x-fake-stall-after: 3     stop sending (but keep the connection) after this many events
+    x-fake-cut-after: 3       drop the connection after this many stream events (a replica dying mid-stream)
+    x-fake-cut-partial: 1     ... having sent the first half of the next event
+    x-fake-role: 1            start a chat stream with a role-only event, as vLLM does
     x-fake-reset: 1           drop the connection without answering
+    x-fake-continue-status: 500   answer a continuation (below) with this status
+
+A chat request with ``continue_final_message: true`` is a continuation, as vLLM answers it: its stream goes
+on from the final assistant message's text (``t0 t1 t2 `` continues with ``t3``), starts with a role-only
+event, has its own id, and counts that text in its usage's prompt tokens. The stall and cut knobs apply only
+to requests that are not continuations (the gateway forwards the client's headers with both).
 
 ``FakeUpstream.healthy`` switches ``/health`` between 200 and 503 (``health_delay``: seconds before it
 answers); ``requests`` counts what arrived and ``cancelled`` counts streams the client went away from.
@@ -29,6 +38,10 @@ from aiohttp import web
 from gateway.bench import shapes
 
 
+class _Cut(ConnectionResetError):
+    """The fake dropped a stream on purpose (not a client going away)."""
+
+
 class FakeUpstream:
     def __init__(self, model: str = "fake-model", name: str = "fake") -> None:
         self.model = model
@@ -39,6 +52,8 @@ class FakeUpstream:
         self.requests = 0
         self.cancelled = 0
         self.events_sent = 0  # stream events written, over all streams
+        self.cuts = 0  # streams dropped by x-fake-cut-after
+        self.continuations = 0  # continue_final_message requests answered
         self.last_body: dict[str, Any] | None = None
         self.last_headers: dict[str, str] = {}
         # (method, raw path, Host) of the latest requests, health checks too; bounded for long-running use
@@ -120,30 +135,67 @@ class FakeUpstream:
         if not body.get("stream"):
             extra = orjson.loads(h.get("x-fake-response-headers", "{}"))  # e.g. hop-by-hop ones, for tests
             return web.Response(body=self._completion(body, count), content_type="application/json", headers=extra)
+        if body.get("continue_final_message"):
+            return await self._continue(request, body, count, interval)
         return await self._stream(request, body, count, interval, h.get("x-fake-stall-after"))
+
+    def _cut(self, request: web.Request, data: bytes) -> web.StreamResponse:
+        """Die mid-stream: write half of ``data`` (if any) and drop the connection, as a killed replica would."""
+        transport = request.transport
+        assert transport is not None
+        if data:
+            transport.write(b"%x\r\n%b\r\n" % (len(data) // 2, data[: len(data) // 2]))
+        transport.abort()
+        self.cuts += 1
+        raise _Cut("fake cut")
 
     def _completion(self, body: dict[str, Any], count: int) -> bytes:
         return orjson.dumps(shapes.completion(self.model, "messages" in body, count, self.name))
 
-    async def _stream(
-        self, request: web.Request, body: dict[str, Any], count: int, interval: float, stall_after: str | None
+    async def _continue(
+        self, request: web.Request, body: dict[str, Any], count: int, interval: float
     ) -> web.StreamResponse:
+        """A continuation: the events after those whose text the final assistant message holds."""
+        self.continuations += 1
+        status = int(request.headers.get("x-fake-continue-status", 200))
+        if status != 200:
+            error = {"error": {"message": f"fake continuation error {status}", "type": "BadRequestError"}}
+            return web.Response(status=status, body=orjson.dumps(error), content_type="application/json")
+        start = len(str(body["messages"][-1].get("content") or "").split())
+        limit = body.get("max_completion_tokens") or body.get("max_tokens") or count
+        end = min(count, start + limit) if "x-fake-chunks" in request.headers else start + count
+        return await self._stream(request, body, end, interval, None, start=start)
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], count: int, interval: float, stall_after: str | None,
+        start: int = 0,
+    ) -> web.StreamResponse:  # fmt: skip
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         chat = "messages" in body
+        cut = request.headers.get("x-fake-cut-after") if not start else None
         try:
-            for index in range(count):
+            if chat and (start or request.headers.get("x-fake-role")):
+                event = {**shapes.stream_event(self.model, chat, 0, 1), "choices": [shapes.role_choice()]}
+                await response.write(b"data: " + orjson.dumps(shapes.continued(event, start)) + b"\n\n")
+            for index in range(start, count):
                 if stall_after is not None and index >= int(stall_after):
                     await asyncio.sleep(3600)
-                event = shapes.stream_event(self.model, chat, index, count)
-                await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+                data = b"data: " + orjson.dumps(shapes.continued(shapes.stream_event(self.model, chat, index, count),
+                                                                 start)) + b"\n\n"  # fmt: skip
+                if cut is not None and index >= int(cut):
+                    return self._cut(request, data if request.headers.get("x-fake-cut-partial") else b"")
+                await response.write(data)
                 self.events_sent += 1
                 if interval:
                     await asyncio.sleep(interval)
             if (body.get("stream_options") or {}).get("include_usage"):
-                await response.write(b"data: " + orjson.dumps(shapes.usage_event(count)) + b"\n\n")
+                usage = shapes.usage_event(count - start, prompt=8 + start)
+                await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
+        except _Cut:
+            raise
         except (asyncio.CancelledError, ConnectionResetError):
             self.cancelled += 1
             raise

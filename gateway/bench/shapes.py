@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 
-def usage(count: int) -> dict[str, int]:
-    return {"prompt_tokens": 8, "completion_tokens": count, "total_tokens": 8 + count}
+def usage(count: int, prompt: int = 8) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": count, "total_tokens": prompt + count}
 
 
 def completion(model: str, chat: bool, count: int, served_by: str) -> dict[str, Any]:
@@ -41,6 +41,17 @@ def stream_event(model: str, chat: bool, index: int, count: int) -> dict[str, An
     }
 
 
-def usage_event(count: int) -> dict[str, Any]:
+def usage_event(count: int, prompt: int = 8) -> dict[str, Any]:
     """The extra event a stream ends with when ``stream_options.include_usage`` is set."""
-    return {"choices": [], "usage": usage(count)}
+    return {"choices": [], "usage": usage(count, prompt)}
+
+
+def role_choice() -> dict[str, Any]:
+    """The choice of vLLM's first chat stream event: the role, no content yet."""
+    return {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+
+
+def continued(event: dict[str, Any], start: int) -> dict[str, Any]:
+    """An event of a continuation (``start`` > 0: a stream that went on from ``start`` earlier tokens) carries
+    its own id and created time, as a new request's would."""
+    return {**event, "id": "cmpl-fake-continued", "created": 1} if start else event

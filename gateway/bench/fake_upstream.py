@@ -189,6 +189,8 @@ class FakeUpstream:
                 self.events_sent += 1
                 if interval:
                     await asyncio.sleep(interval)
+            if cut is not None and int(cut) >= count:  # the answer is whole; usage and [DONE] are not
+                return self._cut(request, b"")
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = shapes.usage_event(count - start, prompt=8 + start)
                 await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")

@@ -1,0 +1,199 @@
+"""Resuming a cut stream (gateway/resume.py): the real gateway in front of fake replicas that die mid-stream.
+
+The fake replica's stream is ``t0 t1 t2 ...``; cut after N events, the other pool's fake continues the final
+assistant message's text as vLLM would (``continue_final_message``), so a splice is right exactly when the
+client's text and usage equal those of the uncut stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from gateway.errors import RulesError
+from gateway.logs import REQUEST_LOGGER
+from gateway.resume import StreamTap, eligible
+from gateway.rules import load_rules, reference_rules_path
+from tests.conftest import Gateway, Upstreams, wait_for
+
+StartGateway = Callable[..., Gateway]
+CUT = {"x-fake-chunks": "12", "x-fake-cut-after": "5", "x-fake-role": "1"}
+
+
+@pytest.fixture
+def resume_rules(tmp_path: Path) -> Callable[..., Path]:
+    def write(extra: str = "resume: {streams: true}\n") -> Path:
+        path = tmp_path / "rules.yaml"
+        path.write_text(reference_rules_path().read_text(encoding="utf-8") + "\n" + extra, encoding="utf-8")
+        return path
+
+    return write
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "max_tokens": 12, "stream_options": {"include_usage": True}, **extra}  # fmt: skip
+
+
+def stream(gw: Gateway, headers: dict[str, str], payload: dict[str, Any] | None = None) -> list[bytes]:
+    with httpx.Client(base_url=gw.url, timeout=10) as client:
+        response = client.post("/v1/chat/completions", json=payload or body(), headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.content.endswith(b"\n\n")
+    return [event for event in response.content.split(b"\n\n") if event]
+
+
+def parsed(events: list[bytes]) -> list[dict[str, Any]]:
+    """The JSON of every event before ``[DONE]`` (each must be a whole ``data:`` line)."""
+    assert all(event.startswith(b"data: ") for event in events), events
+    return [orjson.loads(event[6:]) for event in events if event != b"data: [DONE]"]
+
+
+def text(events: list[dict[str, Any]]) -> str:
+    return "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", []))
+
+
+@pytest.mark.parametrize("client", ["auto", "aiohttp"], ids=["direct-body", "plain-asgi"])
+def test_a_cut_stream_is_resumed_on_the_other_pool_as_one_answer(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path], client: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    gw = gateway(rules_file=resume_rules(), upstream_client=client, log_format="json")
+    uncut = parsed(stream(gw, {k: v for k, v in CUT.items() if k != "x-fake-cut-after"}))
+    with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
+        raw = stream(gw, CUT)
+    events = parsed(raw)
+    assert upstreams.standard.cuts == 1 and upstreams.speculative.continuations == 1
+    assert raw.count(b"data: [DONE]") == 1 and raw[-1] == b"data: [DONE]"
+    assert not any("error" in e for e in events)
+    assert {(e["id"], e["created"], e["model"]) for e in events} == {("cmpl-fake", 0, "fake-model")}
+    assert sum(1 for e in events for c in e["choices"] if "role" in c["delta"]) == 1
+    assert text(events) == text(uncut) == "".join(f"t{i} " for i in range(12))
+    assert events[-1]["usage"] == uncut[-1]["usage"] == {"prompt_tokens": 8, "completion_tokens": 12,
+                                                         "total_tokens": 20}  # fmt: skip
+    assert [c["finish_reason"] for e in events for c in e["choices"]].count("length") == 1
+    sent = upstreams.speculative.last_body
+    assert sent is not None and sent["continue_final_message"] is True and sent["add_generation_prompt"] is False
+    assert sent["messages"][-1] == {"role": "assistant", "content": "t0 t1 t2 t3 t4 "} and sent["max_tokens"] == 7
+    wait_for(lambda: gw.sample("specgate_stream_resumes_total", outcome="ok") == 1, what="resume counted")
+    reason = "short-output; resumed: speculative"  # max_tokens < 50
+    wait_for(lambda: gw.sample("specgate_requests_total", pool="speculative", reason=reason, task="chat",
+                               status="200") == 1, what="request counted")  # fmt: skip
+    wait_for(lambda: any(r.name == REQUEST_LOGGER for r in caplog.records), what="request line")
+    line = [r for r in caplog.records if r.name == REQUEST_LOGGER][-1].fields  # type: ignore[attr-defined]
+    assert (line["reason"], line["tokens"]) == (reason, 12)  # a key's token limit is charged both parts
+
+
+def test_half_an_event_before_the_cut_never_reaches_the_client(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path]
+) -> None:
+    gw = gateway(rules_file=resume_rules())
+    events = parsed(stream(gw, {**CUT, "x-fake-cut-partial": "1"}))  # every event whole, or this fails
+    assert upstreams.standard.cuts == 1
+    assert text(events) == "".join(f"t{i} " for i in range(12))
+
+
+def test_a_stall_past_the_idle_deadline_is_resumed(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path]
+) -> None:
+    gw = gateway(rules_file=resume_rules(), idle_timeout_s=0.3)
+    events = parsed(stream(gw, {"x-fake-chunks": "8", "x-fake-stall-after": "3"}, body(max_tokens=8)))
+    assert text(events) == "".join(f"t{i} " for i in range(8)) and events[-1]["usage"]["completion_tokens"] == 8
+    assert upstreams.speculative.continuations == 1
+    assert gw.sample("specgate_upstream_errors_total", pool="standard", replica=upstreams.standard_url,
+                     kind="timeout") == 1  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "rules"),
+    [
+        ({}, ""),  # the rule off
+        ({"logprobs": True}, None),
+        ({"n": 2}, None),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, None),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, None),
+    ],
+    ids=["rule-off", "logprobs", "n2", "tools", "json-schema"],
+)
+def test_ineligible_streams_still_end_with_the_error_event(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path], extra: dict[str, Any],
+    rules: str | None,
+) -> None:  # fmt: skip
+    gw = gateway(rules_file=resume_rules() if rules is None else resume_rules(rules))
+    raw = stream(gw, {**CUT, "x-fake-cut-partial": "1"}, body(**extra))
+    assert b'"upstream_error"' in raw[-1] and b"[DONE]" not in raw[-1]
+    assert raw[-1].startswith(b'data: {"id"')  # relayed as it came: half an event, then the error event
+    assert upstreams.speculative.continuations == 0
+
+
+def test_a_failed_continuation_ends_with_the_error_event(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path]
+) -> None:
+    gw = gateway(rules_file=resume_rules())
+    raw = stream(gw, {**CUT, "x-fake-continue-status": "500"})
+    events = parsed(raw)
+    assert events[-1]["error"]["type"] == "upstream_error" and text(events[:-1]) == "t0 t1 t2 t3 t4 "
+    assert upstreams.speculative.continuations == 1
+    assert gw.sample("specgate_stream_resumes_total", outcome="failed") == 1
+
+
+def test_nothing_left_to_generate_ends_the_stream_cleanly(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path]
+) -> None:
+    gw = gateway(rules_file=resume_rules())
+    raw = stream(gw, {"x-fake-chunks": "10", "x-fake-cut-after": "4"}, body(max_tokens=4))  # 4 sent, 0 left
+    events = parsed(raw)
+    assert raw[-1] == b"data: [DONE]" and text(events) == "t0 t1 t2 t3 "
+    assert events[-1]["choices"][0]["finish_reason"] == "length" and events[-1]["id"] == "cmpl-fake"
+    finished = parsed(stream(gw, {"x-fake-chunks": "4", "x-fake-cut-after": "4"}, body(max_tokens=4)))
+    assert text(finished) == "t0 t1 t2 t3 " and finished[-1]["choices"][0]["finish_reason"] == "length"
+    assert upstreams.speculative.continuations == 0 and upstreams.standard.cuts == 2
+    assert gw.sample("specgate_stream_resumes_total", outcome="ended") == 2
+
+
+def test_the_rules_key_is_validated(resume_rules: Callable[..., Path]) -> None:
+    assert load_rules(resume_rules("resume: {streams: true, max_attempts: 2}\n")).resume.max_attempts == 2
+    assert load_rules(reference_rules_path()).resume.streams is False  # off unless the file says so
+    for bad, where in (("resume: {streams: maybe}\n", "resume.streams"), ("resume: {max_attempts: 0}\n",
+                       "resume.max_attempts"), ("resume: {stream: true}\n", "resume.stream")):  # fmt: skip
+        with pytest.raises(RulesError, match=where):
+            load_rules(resume_rules(bad))
+
+
+@pytest.mark.parametrize(
+    ("extra", "ok"),
+    [
+        ({}, True),
+        ({"tools": [{"type": "function"}], "tool_choice": "none"}, True),
+        ({"response_format": {"type": "text"}}, True),
+        ({"top_logprobs": 2}, False),
+        ({"echo": True}, False),
+        ({"response_format": {"type": "json_object"}}, False),
+        ({"stream_options": {"include_usage": True, "continuous_usage_stats": True}}, False),
+        ({"guided_regex": "a+"}, False),
+        ({"continue_final_message": True, "add_generation_prompt": False}, False),  # the last message is a user's
+        ({"add_generation_prompt": False}, False),
+    ],
+)
+def test_eligibility(extra: dict[str, Any], ok: bool) -> None:
+    assert eligible({"messages": [{"role": "user", "content": "hi"}], **extra}) is ok
+
+
+def test_a_client_continuing_its_own_message_gets_the_relayed_text_appended() -> None:
+    payload = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once"}],
+               "continue_final_message": True, "add_generation_prompt": False, "max_completion_tokens": 9,
+               "min_tokens": 3}  # fmt: skip
+    assert eligible(payload)
+    tap = StreamTap(payload, 1)
+    assert tap.take(b'data: {"id":"a","choices":[{"delta":{"content":" upon"}}]}\n\ndata: {"id":"a","cho') == (
+        b'data: {"id":"a","choices":[{"delta":{"content":" upon"}}]}\n\n')
+    assert tap.take(b'ices":[{"delta":{"content":" a"}}]}\n\n').endswith(b'" a"}}]}\n\n')
+    sent = orjson.loads(tap.continuation(tap.remaining()))
+    assert sent["messages"][-1] == {"role": "assistant", "content": "Once upon a"}
+    assert (sent["max_completion_tokens"], sent["min_tokens"], len(sent["messages"])) == (7, 1, 2)

@@ -192,7 +192,8 @@ def test_a_client_continuing_its_own_message_gets_the_relayed_text_appended() ->
     assert eligible(payload)
     tap = StreamTap(payload, 1)
     assert tap.take(b'data: {"id":"a","choices":[{"delta":{"content":" upon"}}]}\n\ndata: {"id":"a","cho') == (
-        b'data: {"id":"a","choices":[{"delta":{"content":" upon"}}]}\n\n')
+        b'data: {"id":"a","choices":[{"delta":{"content":" upon"}}]}\n\n'
+    )
     assert tap.take(b'ices":[{"delta":{"content":" a"}}]}\n\n').endswith(b'" a"}}]}\n\n')
     sent = orjson.loads(tap.continuation(tap.remaining()))
     assert sent["messages"][-1] == {"role": "assistant", "content": "Once upon a"}

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from starlette.types import Send
 
-from gateway.errors import NoHealthyBackend, UpstreamError
+from gateway.errors import NoHealthyBackend, UpstreamConnectError, UpstreamError
 from gateway.features import RequestFeatures
 from gateway.rules import ResumeConfig
 
@@ -290,8 +290,11 @@ async def resume_stream(relay: _Relay, send: Send) -> bool:
                 break
             relay._count_error("timeout")
             replica.breaker.failure()
-        except UpstreamError:
-            relay._count_error("disconnect")
+        except UpstreamError as exc:
+            connect = isinstance(exc, UpstreamConnectError)
+            relay._count_error("connect" if connect else "upstream")
+            if connect:
+                replica.set_healthy(False)  # as before a first byte: skipped until its health check passes
             replica.breaker.failure()
     metrics.resumes.labels("failed").inc()
     return False

@@ -20,7 +20,7 @@ from gateway.errors import RulesError
 from gateway.logs import REQUEST_LOGGER
 from gateway.resume import StreamTap, eligible
 from gateway.rules import load_rules, reference_rules_path
-from tests.conftest import Gateway, Upstreams, wait_for
+from tests.conftest import Gateway, Upstreams, dead_url, wait_for
 
 StartGateway = Callable[..., Gateway]
 CUT = {"x-fake-chunks": "12", "x-fake-cut-after": "5", "x-fake-role": "1"}
@@ -68,6 +68,7 @@ def test_a_cut_stream_is_resumed_on_the_other_pool_as_one_answer(
     uncut = parsed(stream(gw, {k: v for k, v in CUT.items() if k != "x-fake-cut-after"}))
     with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
         raw = stream(gw, CUT)
+        wait_for(lambda: any(r.name == REQUEST_LOGGER for r in caplog.records), what="request line")
     events = parsed(raw)
     assert upstreams.standard.cuts == 1 and upstreams.speculative.continuations == 1
     assert raw.count(b"data: [DONE]") == 1 and raw[-1] == b"data: [DONE]"
@@ -85,7 +86,6 @@ def test_a_cut_stream_is_resumed_on_the_other_pool_as_one_answer(
     reason = "short-output; resumed: speculative"  # max_tokens < 50
     wait_for(lambda: gw.sample("specgate_requests_total", pool="speculative", reason=reason, task="chat",
                                status="200") == 1, what="request counted")  # fmt: skip
-    wait_for(lambda: any(r.name == REQUEST_LOGGER for r in caplog.records), what="request line")
     line = [r for r in caplog.records if r.name == REQUEST_LOGGER][-1].fields  # type: ignore[attr-defined]
     assert (line["reason"], line["tokens"]) == (reason, 12)  # a key's token limit is charged both parts
 
@@ -155,6 +155,27 @@ def test_nothing_left_to_generate_ends_the_stream_cleanly(
     assert text(finished) == "t0 t1 t2 t3 " and finished[-1]["choices"][0]["finish_reason"] == "length"
     assert upstreams.speculative.continuations == 0 and upstreams.standard.cuts == 2
     assert gw.sample("specgate_stream_resumes_total", outcome="ended") == 2
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_each_attempt_tries_a_replica_not_tried_before(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path], attempts: int
+) -> None:
+    gw = gateway(rules_file=resume_rules(f"resume: {{streams: true, max_attempts: {attempts}}}\n"),
+                 standard_urls=[upstreams.standard_url, dead_url()], health_interval_s=60)  # fmt: skip
+    _, dead = gw.app.state.pools.pools["standard"].replicas
+    dead.set_healthy(True)  # as if its last check had passed: the first continuation goes to it (same pool)
+    heavy = dead.book(10**9)  # ... but not the request itself
+    raw = stream(gw, CUT)
+    heavy.release()
+    assert upstreams.standard.cuts == 1 and not dead.healthy
+    if attempts == 1:
+        assert b'"upstream_error"' in raw[-1] and upstreams.speculative.continuations == 0
+    else:
+        assert text(parsed(raw)) == "".join(f"t{i} " for i in range(12)) and raw[-1] == b"data: [DONE]"
+        assert upstreams.speculative.continuations == 1
+    outcome = "ok" if attempts == 2 else "failed"
+    wait_for(lambda: gw.sample("specgate_stream_resumes_total", outcome=outcome) == 1, what="resume counted")
 
 
 def test_the_rules_key_is_validated(resume_rules: Callable[..., Path]) -> None:

@@ -125,9 +125,8 @@ class StreamTap:
             return
         if self.id is None and "id" in obj:
             self.id, self.created, self.model = obj.get("id"), obj.get("created"), obj.get("model")
-        for choice in obj.get("choices") or ():
-            if isinstance(choice, dict):
-                self._note_choice(choice)
+        for choice in _choices(obj):
+            self._note_choice(choice)
 
     def _note_choice(self, choice: dict[str, Any]) -> None:
         delta = choice.get("delta")
@@ -196,13 +195,12 @@ class StreamTap:
             self.id, self.created, self.model = obj.get("id"), obj.get("created"), obj.get("model")
         obj.update(id=self.id, created=self.created, model=self.model)
         dropped_role = False
-        for choice in obj.get("choices") or ():
-            delta = choice.get("delta") if isinstance(choice, dict) else None
+        for choice in _choices(obj):
+            delta = choice.get("delta")
             if isinstance(delta, dict) and "role" in delta and self.role_sent:
                 del delta["role"]
                 dropped_role = True
-            if isinstance(choice, dict):
-                self._note_choice(choice)
+            self._note_choice(choice)
         if dropped_role and _empty(obj):
             return None  # the continuation's role announcement: the client had one already
         usage = obj.get("usage")
@@ -235,15 +233,18 @@ def _parse(event: bytes) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
+def _choices(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    choices = obj.get("choices")
+    return [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+
+
 def _empty(obj: dict[str, Any]) -> bool:
     """An event that says nothing: every choice's delta empty (or empty content), no finish, no usage."""
     if obj.get("usage"):
         return False
-    for choice in obj.get("choices") or ():
-        if not isinstance(choice, dict) or choice.get("finish_reason"):
-            return False
-        delta = choice.get("delta") or {}
-        if any(value for value in delta.values()):
+    for choice in _choices(obj):
+        delta = choice.get("delta")
+        if choice.get("finish_reason") or (isinstance(delta, dict) and any(delta.values())):
             return False
     return True
 

@@ -178,6 +178,24 @@ def test_each_attempt_tries_a_replica_not_tried_before(
     wait_for(lambda: gw.sample("specgate_stream_resumes_total", outcome=outcome) == 1, what="resume counted")
 
 
+@pytest.mark.parametrize("client", ["auto", "aiohttp"], ids=["direct-body", "plain-asgi"])
+def test_a_client_gone_during_the_continuation_cancels_it(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path], client: str
+) -> None:
+    gw = gateway(rules_file=resume_rules(), upstream_client=client)
+    headers = {"x-fake-chunks": "200", "x-fake-cut-after": "3", "x-fake-interval": "0.02"}
+    with (
+        httpx.Client(base_url=gw.url, timeout=10) as http,
+        http.stream("POST", "/v1/chat/completions", json=body(max_tokens=200), headers=headers) as r,
+    ):
+        for line in r.iter_lines():
+            if '"t6 "' in line:  # the continuation's fourth event
+                break
+    wait_for(lambda: upstreams.speculative.cancelled == 1, what="continuation cancelled")
+    wait_for(lambda: gw.sample("specgate_requests_total", pool="standard", reason="default", task="chat",
+                               status="499") == 1, what="disconnect counted")  # fmt: skip
+
+
 def test_the_rules_key_is_validated(resume_rules: Callable[..., Path]) -> None:
     assert load_rules(resume_rules("resume: {streams: true, max_attempts: 2}\n")).resume.max_attempts == 2
     assert load_rules(reference_rules_path()).resume.streams is False  # off unless the file says so

@@ -140,7 +140,7 @@ def test_a_failed_continuation_ends_with_the_error_event(
     events = parsed(raw)
     assert events[-1]["error"]["type"] == "upstream_error" and text(events[:-1]) == "t0 t1 t2 t3 t4 "
     assert upstreams.speculative.continuations == 1
-    assert gw.sample("specgate_stream_resumes_total", outcome="failed") == 1
+    wait_for(lambda: gw.sample("specgate_stream_resumes_total", outcome="failed") == 1, what="resume counted")
 
 
 def test_nothing_left_to_generate_ends_the_stream_cleanly(
@@ -154,7 +154,7 @@ def test_nothing_left_to_generate_ends_the_stream_cleanly(
     finished = parsed(stream(gw, {"x-fake-chunks": "4", "x-fake-cut-after": "4"}, body(max_tokens=4)))
     assert text(finished) == "t0 t1 t2 t3 " and finished[-1]["choices"][0]["finish_reason"] == "length"
     assert upstreams.speculative.continuations == 0 and upstreams.standard.cuts == 2
-    assert gw.sample("specgate_stream_resumes_total", outcome="ended") == 2
+    wait_for(lambda: gw.sample("specgate_stream_resumes_total", outcome="ended") == 2, what="resume counted")
 
 
 @pytest.mark.parametrize("attempts", [1, 2])

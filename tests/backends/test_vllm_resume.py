@@ -105,6 +105,12 @@ def test_a_replica_killed_mid_stream_leaves_one_complete_answer(
                               headers={"x-specgate-pool": "standard"})  # fmt: skip
         raw = events(response)
         assert forwarder[1].wait(timeout=10) == -9  # the "replica" died by SIGKILL during the stream
+        registry = app.state.metrics.registry
+        wait_for(
+            lambda: registry.get_sample_value("specgate_stream_resumes_total", {"outcome": "ok"}) == 1,
+            10,
+            "the resume counted",
+        )  # recorded just after the response's last write
         samples = {o: app.state.metrics.registry.get_sample_value("specgate_stream_resumes_total", {"outcome": o})
                    for o in ("ok", "ended", "failed")}  # fmt: skip
         wait_for(lambda: finished(cpu_pools.speculative.url) == spec_before + 1, 10, "the continuation counted")

@@ -125,6 +125,7 @@ class _Relay:
     usage_key = _USAGE_KEY  # completion tokens in the usage object (the Responses API names them differently)
     generation = True  # latency histograms and learning describe generation; pass-through calls set False
     resume: StreamTap | None = None  # set for a stream that may be resumed if cut (gateway/resume.py)
+    resumed = False  # a continuation was tried: the outcome is not one request's latency
 
     def __init__(
         self,
@@ -340,8 +341,9 @@ class _Relay:
             return
         if self.resume is not None and isinstance(exc, UpstreamError) and await resume_stream(self, send):
             return  # continued on another replica (gateway/resume.py)
-        # The head already went out: end the stream with an error event, as OpenAI does mid-stream.
-        event = b"data: " + error_body(exc.message, exc.error_type, None, exc.code) + b"\n\n"
+        # The head already went out: end the stream with an error event, as OpenAI does mid-stream. It starts
+        # on a fresh line (a blank line between events dispatches nothing): a cut may have left half an event.
+        event = b"\n\ndata: " + error_body(exc.message, exc.error_type, None, exc.code) + b"\n\n"
         await send({"type": "http.response.body", "body": event, "more_body": False})
 
     def _route_headers(self) -> RawHeaders:
@@ -373,7 +375,8 @@ class _Relay:
         total = time.perf_counter() - self.started
         tpot = (total - self.ttft) / (self.tokens - 1) if self.tokens > 1 else None
         metrics.observe_latency(self.pool, self.ttft, total, tpot)
-        if self.decision.learning and self.pool == self.decision.pool:  # a retry ran at a load nobody saw
+        # a retry ran at a load nobody saw; a resumed stream's time includes the cut
+        if self.decision.learning and self.pool == self.decision.pool and not self.resumed:
             self.state.learn(self.features, self.decision, self.ttft, total, self.tokens, self.objective,
                              counted=self.usage is not None, acceptance=self.acceptance)  # fmt: skip
 

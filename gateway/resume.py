@@ -265,6 +265,7 @@ async def resume_stream(relay: _Relay, send: Send) -> bool:
             relay.tokens = tap.usage or tap.sent
             metrics.resumes.labels("ended").inc()
             return True
+        relay.resumed = True
         relay.booking.release()
         try:
             tokens = relay.features.prompt_tokens + (relay.features.max_tokens if remaining is None else remaining)

@@ -128,7 +128,8 @@ def test_ineligible_streams_still_end_with_the_error_event(
     gw = gateway(rules_file=resume_rules() if rules is None else resume_rules(rules))
     raw = stream(gw, {**CUT, "x-fake-cut-partial": "1"}, body(**extra))
     assert b'"upstream_error"' in raw[-1] and b"[DONE]" not in raw[-1]
-    assert raw[-1].startswith(b'data: {"id"')  # relayed as it came: half an event, then the error event
+    assert raw[-1].startswith(b'data: {"error"')  # the error event starts on a fresh line
+    assert raw[-2].startswith(b'data: {"id"') and not raw[-2].endswith(b"}")  # after the half event, as it came
     assert upstreams.speculative.continuations == 0
 
 
@@ -237,3 +238,29 @@ def test_a_client_continuing_its_own_message_gets_the_relayed_text_appended() ->
     sent = orjson.loads(tap.continuation(tap.remaining()))
     assert sent["messages"][-1] == {"role": "assistant", "content": "Once upon a"}
     assert (sent["max_completion_tokens"], sent["min_tokens"], len(sent["messages"])) == (7, 1, 2)
+
+
+def test_a_resumed_stream_is_not_learned_from(gateway: StartGateway, upstreams: Upstreams, tmp_path: Path) -> None:
+    """Its time includes the cut and a second prefill: not one request's latency on either pool."""
+    import time
+
+    import yaml
+
+    from gateway.rules import default_rules_path
+
+    rules = yaml.safe_load(default_rules_path().read_text(encoding="utf-8"))
+    rules["resume"] = {"streams": True}
+    path = tmp_path / "adaptive.yaml"
+    path.write_text(yaml.safe_dump(rules), encoding="utf-8")
+    # two replicas of the standard pool (the second is the other fake): the continuation stays on the pool
+    gw = gateway(rules_file=path, standard_urls=[upstreams.standard_url, upstreams.speculative_url],
+                 speculative_urls=[dead_url()])  # fmt: skip
+    learner = gw.app.state.learner
+    stream(gw, {k: v for k, v in CUT.items() if k != "x-fake-cut-after"})
+    wait_for(lambda: learner.observations >= 1, what="the uncut stream learned")
+    before = learner.observations
+    events = parsed(stream(gw, CUT))
+    assert upstreams.speculative.continuations + upstreams.standard.continuations == 1
+    assert not any("error" in e for e in events)
+    time.sleep(0.3)  # several snapshot ticks (0.05 s): anything queued would have been folded in
+    assert learner.observations == before

@@ -34,6 +34,7 @@ from gateway.features import RequestFeatures
 from gateway.rules import ResumeConfig
 
 if TYPE_CHECKING:
+    from gateway.pools import Replica
     from gateway.proxy import _Relay
 
 _DONE = b"data: [DONE]"
@@ -275,6 +276,16 @@ async def resume_stream(relay: _Relay, send: Send) -> bool:
         replica = relay.booking.replica
         tried.add(replica)
         guard.rearm(relay.state.settings.first_byte_timeout_s)
+        counted = await _count_tokens(relay, replica, tap)  # a speculative replica sends several per event
+        if counted is not None:
+            tap.sent = counted
+            remaining = tap.remaining()
+            if remaining is not None and remaining <= 0:
+                guard.settle()
+                await send({"type": "http.response.body", "body": tap.closing(), "more_body": False})
+                relay.tokens = tap.usage or tap.sent
+                metrics.resumes.labels("ended").inc()
+                return True
         try:
             if await _continue(relay, tap, send, remaining):
                 relay.pool, relay.reason = replica.pool, f"{relay.reason}; resumed: {replica.pool}"
@@ -300,6 +311,31 @@ async def resume_stream(relay: _Relay, send: Send) -> bool:
             replica.breaker.failure()
     metrics.resumes.labels("failed").inc()
     return False
+
+
+async def _count_tokens(relay: _Relay, replica: Replica, tap: StreamTap) -> int | None:
+    """How many tokens the text relayed so far is, by the replica's own tokenizer (vLLM's ``/tokenize``,
+    the same model on both pools); None when it cannot say (then content events count one token each)."""
+    text = "".join(tap.parts)
+    if not text:
+        return None
+    body = orjson.dumps({"model": tap.payload.get("model"), "prompt": text, "add_special_tokens": False})
+    headers = {"content-type": "application/json", **relay.state.upstream_auth.get(replica.pool, {})}
+    try:
+        response = await relay.state.upstream.send(replica.url + "/tokenize", body, headers, "POST")
+    except UpstreamError:
+        return None
+    try:
+        data = await response.read() if response.status == 200 else b""
+    except response.read_errors:
+        return None
+    finally:
+        await response.close()
+    try:
+        count = orjson.loads(data).get("count") if data else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return count if isinstance(count, int) and count >= 0 else None
 
 
 async def _continue(relay: _Relay, tap: StreamTap, send: Send, remaining: int | None) -> bool:

@@ -264,3 +264,29 @@ def test_a_resumed_stream_is_not_learned_from(gateway: StartGateway, upstreams: 
     assert not any("error" in e for e in events)
     time.sleep(0.3)  # several snapshot ticks (0.05 s): anything queued would have been folded in
     assert learner.observations == before
+
+
+def test_the_tokens_already_sent_are_counted_by_the_replicas_tokenizer(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path]
+) -> None:
+    """A speculative replica sends several tokens per event: the continuation's max_tokens is what the client
+    allowed minus the relayed text's tokens as vLLM's /tokenize counts them, not minus the events."""
+    upstreams.speculative.tokens_per_word = 2  # the continuing replica's tokenizer: "t0 " is two tokens
+    gw = gateway(rules_file=resume_rules())
+    events = parsed(stream(gw, CUT))  # 5 content events relayed = 10 tokens; max_tokens 12
+    assert upstreams.speculative.continuations == 1
+    sent = upstreams.speculative.last_body
+    assert sent is not None and sent["max_tokens"] == 2
+    usage = next(e["usage"] for e in events if e.get("usage"))
+    assert usage["completion_tokens"] == 10 + 2  # the relayed text's count plus the continuation's own
+
+
+def test_nothing_left_by_the_tokenizers_count_ends_the_stream_cleanly(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path]
+) -> None:
+    upstreams.speculative.tokens_per_word = 3  # 5 words relayed = 15 tokens, past max_tokens 12
+    gw = gateway(rules_file=resume_rules())
+    events = parsed(stream(gw, CUT))
+    assert upstreams.speculative.continuations == 0
+    assert not any("error" in e for e in events)
+    assert events[-1]["choices"][0]["finish_reason"] == "length"

@@ -56,6 +56,7 @@ class FakeUpstream:
         self.continuations = 0  # continue_final_message requests answered
         self.last_body: dict[str, Any] | None = None
         self.last_headers: dict[str, str] = {}
+        self.tokens_per_word: int | None = None  # set: /tokenize counts this many tokens per word (else 404)
         # (method, raw path, Host) of the latest requests, health checks too; bounded for long-running use
         self.seen: deque[tuple[str, str, str]] = deque(maxlen=10_000)
 
@@ -65,6 +66,7 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._complete)
         app.router.add_post("/v1/completions", self._complete)
+        app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/fake/delay", self._set_delay)
         app.router.add_route("*", "/{tail:.*}", self._echo)
         return app
@@ -97,6 +99,12 @@ class FakeUpstream:
         }
         status = int(request.headers.get("x-fake-status", 200))
         return web.Response(status=status, body=orjson.dumps(echo), content_type="application/json")
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        if self.tokens_per_word is None:
+            return web.json_response({"error": {"message": "not found"}}, status=404)
+        prompt = (await request.json()).get("prompt", "")
+        return web.json_response({"count": len(str(prompt).split()) * self.tokens_per_word, "max_model_len": 2048})
 
     async def _health(self, _: web.Request) -> web.Response:
         if self.health_delay:

@@ -165,9 +165,8 @@ class GatewayState:
         predicted = decision.predicted
         if predicted is not None:
             value = predicted.value(objective)
-            self.metrics.predicted.labels(decision.pool).observe(value)
             observed = ttft if objective == "ttft" else total
-            self.metrics.prediction_ratio.labels(decision.pool).observe(observed / value)
+            self.metrics.observe_prediction(decision.pool, value, observed / value)
         if decision.explored:
             self.metrics.explored.labels(decision.pool).inc()
 

@@ -85,6 +85,8 @@ def relayable(raw: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]) 
             headers.append((name, value))
         elif name == b"connection":
             connection += b"," + value.lower()
+    if not connection:  # the usual case: nothing more to drop
+        return headers
     named = {token.strip() for token in connection.split(b",")} - {b"", b"close", b"keep-alive"}
     return [(k, v) for k, v in headers if k not in named] if named else headers
 

@@ -102,6 +102,7 @@ class GatewayState:
 
     def apply_rules(self, rules: RoutingRules) -> None:
         """Swap in new rules between requests; in-flight requests keep the bookings they hold."""
+        self.flush_observations()  # what finished under the old rules is learned at the old learning rate
         self.ruleset = self._build_ruleset(rules)
         self.refresh_snapshot()
 

@@ -67,3 +67,18 @@ def test_a_stream_without_usage_reads_the_acceptance_learned_from_every_earlier_
     assert state.learner.observations == 200  # the queue was folded in before reading the learned acceptance
     state.refresh_snapshot()
     assert state.learner.observations == 201
+
+
+def test_a_rules_reload_folds_the_queue_in_at_the_old_learning_rate() -> None:
+    state = _state()
+    direct = Learner(state.learner.floor)
+    for features, decision, ttft, total, tokens, acceptance in _outcomes(100):
+        state.learn(features, decision, ttft, total, tokens, "e2e", acceptance=acceptance)
+        direct.observe(Observation(
+            decision.pool, segment_of(features.task, features.copy), features.prompt_tokens, decision.load,
+            ttft if features.stream else None, total, tokens, acceptance,
+        ))  # fmt: skip
+    rules = state.ruleset.rules
+    state.apply_rules(rules.model_copy(update={"adaptive": rules.adaptive.model_copy(update={"learning_rate": 0.5})}))
+    assert state.learner.floor == 0.5
+    assert state.learner.export() == direct.export()

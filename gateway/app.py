@@ -164,6 +164,7 @@ def create_app(
         features, decision = route.route_payload(payload, headers, snapshot)
         rules = state.ruleset.rules
         objective = features.objective or state.ruleset.rules.objective
+        state.flush_observations()  # the observation count below includes every finished request
         return {
             "decision": {
                 "pool": decision.pool,

@@ -22,6 +22,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     overhead.add_argument("--concurrency", default="1,64,256", help="comma-separated concurrency levels")
     overhead.add_argument("--scale", type=float, default=1.0, help="multiply request counts (0.1 for a quick run)")
     overhead.add_argument("--json", type=Path, help="also write the results as JSON")
+    overhead.add_argument("--rules", type=Path, help="rules file for the gateway targets (default: the shipped one)")
+    overhead.add_argument(
+        "--compare-to",
+        metavar="REV",
+        help="this tree's gateway against REV's (git archive), alternating, same apparatus; one gateway target",
+    )
+    overhead.add_argument("--rounds", type=int, default=3, help="with --compare-to: runs per side (default 3)")
     overhead.set_defaults(func=run_overhead)
     soak = bench_sub.add_parser("soak", help="N paced streams for minutes through specgate serve: RSS, fds, loop lag")
     soak.add_argument("--streams", type=int, default=1000, help="concurrent paced streams (default 1000)")
@@ -73,7 +80,7 @@ def run_overhead(args: argparse.Namespace) -> int:
     if unknown:
         raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(known)})")
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    return overhead.main(targets, concurrency, args.scale, args.json)
+    return overhead.main(targets, concurrency, args.scale, args.json, args.rules, args.compare_to, args.rounds)
 
 
 def run_signals(args: argparse.Namespace) -> int:

@@ -30,7 +30,10 @@ class Decision:
 
     @property
     def predicted(self) -> Prediction | None:
-        return next((p for p in self.predictions if p.pool == self.pool), None)
+        for prediction in self.predictions:  # a loop, not next(genexpr): read a few times per request
+            if prediction.pool == self.pool:
+                return prediction
+        return None
 
 
 def decide(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> Decision:

@@ -230,6 +230,7 @@ class GatewayMetrics:
         self.route_step = self.routing_step.labels("route")
         self._outcomes: dict[tuple[str, str, str, int], Any] = {}
         self._latency: dict[str, tuple[Any, Any, Any]] = {}
+        self._prediction: dict[str, tuple[Any, Any]] = {}
 
     def key_metrics(self, key: str) -> KeyMetrics:
         """The counts of ``key`` (a configured name, or ``(anonymous)``), kept across reloads."""
@@ -261,3 +262,11 @@ class GatewayMetrics:
         children[1].observe(total)
         if tpot is not None:
             children[2].observe(tpot)
+
+    def observe_prediction(self, pool: str, predicted: float, ratio: float) -> None:
+        """A finished request's predicted latency and observed / predicted (the learned model's accuracy)."""
+        children = self._prediction.get(pool)
+        if children is None:
+            children = self._prediction[pool] = (self.predicted.labels(pool), self.prediction_ratio.labels(pool))
+        children[0].observe(predicted)
+        children[1].observe(ratio)

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("specgate")
 
+MAX_PENDING = 8192  # observations queued between two snapshot refreshes at most (~1 MB)
+
 
 @dataclass(frozen=True, slots=True)
 class RuleSet:
@@ -67,6 +69,7 @@ class GatewayState:
         timeouts = min(settings.first_byte_timeout_s, settings.idle_timeout_s)
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
         self.learner = Learner()
+        self._pending: list[Observation] = []  # finished requests not yet folded in (see learn())
         self.warm_after: int | None = None  # finished requests the model had taken in when it first decided
         self.ruleset = self._build_ruleset(self.read_rules())
         self.pool_models: frozenset[str] = frozenset()
@@ -100,6 +103,7 @@ class GatewayState:
 
     def apply_rules(self, rules: RoutingRules) -> None:
         """Swap in new rules between requests; in-flight requests keep the bookings they hold."""
+        self.flush_observations()  # what finished under the old rules is learned at the old learning rate
         self.ruleset = self._build_ruleset(rules)
         self.refresh_snapshot()
 
@@ -110,6 +114,7 @@ class GatewayState:
 
     # -- snapshot ------------------------------------------------------------------------------------
     def refresh_snapshot(self) -> None:
+        self.flush_observations()
         self.pool_models = frozenset(self.pools.models())
         snapshot = self.signals.build_snapshot(self.pools.pool_snapshots())
         if self.ruleset.rules.uses_fastest:
@@ -143,8 +148,10 @@ class GatewayState:
         self, features: RequestFeatures, decision: Decision, ttft: float, total: float, tokens: int, objective: str,
         *, counted: bool = True, acceptance: float | None = None,
     ) -> None:  # fmt: skip
-        """One finished request's outcome: folded into the learner at once (decisions see it from the next
-        snapshot on), and the prediction it was routed by checked against what happened.
+        """One finished request's outcome: queued for the learner, which takes the queue in order at the next
+        snapshot refresh (decisions only ever see the model as of a refresh, so they see the same model as if
+        it were folded in at once; off the request path, and in one tight loop), and the prediction it was
+        routed by checked against what happened.
 
         ``counted`` is False when a stream carried no usage and ``tokens`` counts its events: vLLM sends one
         event per engine step, and a speculative step emits the pool's mean acceptance length in tokens.
@@ -152,6 +159,7 @@ class GatewayState:
         segment = segment_of(features.task, features.copy)
         first = ttft if features.stream else None  # a whole reply's first byte is its last
         if not counted:
+            self.flush_observations()  # the learned acceptance as of this request, as when learning at once
             per_event = (
                 acceptance
                 or self.learner.acceptance_length(decision.pool, segment)
@@ -159,18 +167,26 @@ class GatewayState:
                 or 1.0
             )
             tokens = round(1 + max(tokens - 1, 0) * per_event)
-        self.learner.observe(Observation(
+        self._pending.append(Observation(
             decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
             at_s=time.monotonic(),
         ))  # fmt: skip
+        if len(self._pending) >= MAX_PENDING:  # a stalled ticker must not grow memory
+            self.flush_observations()
         predicted = decision.predicted
         if predicted is not None:
             value = predicted.value(objective)
-            self.metrics.predicted.labels(decision.pool).observe(value)
             observed = ttft if objective == "ttft" else total
-            self.metrics.prediction_ratio.labels(decision.pool).observe(observed / value)
+            self.metrics.observe_prediction(decision.pool, value, observed / value)
         if decision.explored:
             self.metrics.explored.labels(decision.pool).inc()
+
+    def flush_observations(self) -> None:
+        """Fold the queued observations into the learner, oldest first."""
+        pending, self._pending = self._pending, []
+        observe = self.learner.observe
+        for observation in pending:
+            observe(observation)
 
     def _scrape_targets(self) -> list[ScrapeTarget]:
         return [ScrapeTarget(r.pool, r.url) for r in self.pools.replicas()]
@@ -210,6 +226,7 @@ class GatewayState:
     async def _model_sync_loop(self, sync: ModelSync) -> None:
         while True:
             if self.ruleset.rules.uses_fastest:
+                self.flush_observations()
                 await sync.sync(time.time())
             await asyncio.sleep(self.settings.model_sync_interval_s)
 

@@ -19,6 +19,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from gateway.adaptive.model import (
     NODES,
@@ -34,6 +35,7 @@ from gateway.adaptive.model import (
 
 INITIAL_VAR = 0.25  # log-seconds squared before any residual is seen (sigma 0.5, a factor of 1.65)
 LENGTH_WINDOW = 256  # recent output lengths kept per segment
+_K = TypeVar("_K", int, str)
 REFILL_EVERY = 16  # observations between refreshes of a curve's fill (also refreshed by every freeze)
 MERGE_DISTANCE = 0.25  # curve points nearer than this (in log2(1 + load)) are one point
 
@@ -128,14 +130,14 @@ class _CurveState:
                 points.append((position, value, weight))
         return points
 
-    def predict(self, load: float, filled: list[float]) -> float:
-        u = load_position(load)
+    def predict(self, u: float, filled: list[float]) -> float:
+        """The filled curve at load position ``u`` (:func:`load_position`, computed once per observation)."""
         i = min(int(u), NODES - 2)
         f = u - i
         return filled[i] * (1 - f) + filled[i + 1] * f
 
-    def step(self, load: float, target: float, floor: float, cap: float) -> float:
-        """Move the two nodes around ``load`` towards ``target``, each by its share of the observation;
+    def step(self, u: float, target: float, floor: float, cap: float) -> float:
+        """Move the two nodes around load position ``u`` towards ``target``, each by its share of the observation;
         returns the error of the interpolated prediction before the step.
 
         Each node is a running average of the observations near it (soft binning), not a coefficient of
@@ -143,7 +145,6 @@ class _CurveState:
         position is the same running average of where those observations lay (see :meth:`fill`).
         """
         filled = self.filled()
-        u = load_position(load)
         i = min(int(u), NODES - 2)
         f = u - i
         error = target - (filled[i] * (1 - f) + filled[i + 1] * f)
@@ -198,17 +199,21 @@ class Learner:
     def observe(self, obs: Observation) -> None:
         if obs.total_s <= 0 or (obs.ttft_s is not None and obs.ttft_s <= 0):
             return
-        state = self._pools.setdefault(obs.pool, _PoolState())
+        # get-then-create, not setdefault: a setdefault builds its default (a whole _PoolState) every call
+        state = self._pools.get(obs.pool)
+        if state is None:
+            state = self._pools[obs.pool] = _PoolState()
         floor, cap = self.floor, self.cap
-        ttft_offset = state.ttft_offsets.setdefault(prompt_bin(obs.prompt_tokens), _Cell())
+        ttft_offset = _cell(state.ttft_offsets, prompt_bin(obs.prompt_tokens))
+        u = load_position(obs.load)
         ttft = obs.ttft_s
         if ttft is not None:
-            error = _fit(state.ttft, ttft_offset, obs.load, math.log(ttft), floor, cap)
+            error = _fit(state.ttft, ttft_offset, u, math.log(ttft), floor, cap)
             state.ttft_var += floor * (error * error - state.ttft_var)
         else:  # a whole reply: take the first token's share from what the streams taught (none: nothing)
-            ttft = _known_ttft(state, ttft_offset, obs.load, obs.total_s)
+            ttft = _known_ttft(state, ttft_offset, u, obs.total_s)
         if obs.output_tokens >= 2 and obs.total_s > ttft:
-            self._observe_tpot(state, obs, ttft)
+            self._observe_tpot(state, obs, ttft, u)
         self._remember_length(obs.segment, obs.output_tokens)
         state.samples = min(state.samples + 1.0, cap * 4)
         state.last_observed_s = obs.at_s
@@ -218,19 +223,19 @@ class Learner:
             state.ttft.refresh()
             state.tpot.refresh()
 
-    def _observe_tpot(self, state: _PoolState, obs: Observation, ttft: float) -> None:
+    def _observe_tpot(self, state: _PoolState, obs: Observation, ttft: float, u: float) -> None:
         floor, cap = self.floor, self.cap
         target = math.log((obs.total_s - ttft) / (obs.output_tokens - 1))
-        offset = state.tpot_offsets.setdefault(obs.segment, _Cell())
+        offset = _cell(state.tpot_offsets, obs.segment)
         if obs.acceptance_length is not None and obs.acceptance_length >= 1.0:
             log_a = math.log(obs.acceptance_length)
             state.mean_log_acceptance.step(log_a, 1.0, floor, cap)
-            state.acceptance.setdefault(obs.segment, _Cell()).step(obs.acceptance_length, 1.0, floor, cap)
+            _cell(state.acceptance, obs.segment).step(obs.acceptance_length, 1.0, floor, cap)
             offset.step(state.mean_log_acceptance.value - log_a, 1.0, floor, cap)
             # the step time at this load for a request of the pool's mean acceptance
-            error = state.tpot.step(obs.load, target - offset.value * _shrink(offset), floor, cap)
+            error = state.tpot.step(u, target - offset.value * _shrink(offset), floor, cap)
         else:
-            error = _fit(state.tpot, offset, obs.load, target, floor, cap)
+            error = _fit(state.tpot, offset, u, target, floor, cap)
         state.tpot_var += floor * (error * error - state.tpot_var)
 
     def acceptance_length(self, pool: str, segment: str) -> float | None:
@@ -339,23 +344,33 @@ class Learner:
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
 
 
-def _fit(curve: _CurveState, offset: _Cell, load: float, target: float, floor: float, cap: float) -> float:
-    """One step of the additive model ``target ~ curve(load) + offset``; returns the curve's error.
+def _cell(cells: dict[_K, _Cell], key: _K) -> _Cell:
+    """``cells[key]``, made on first use (without building a throw-away default on every call)."""
+    cell = cells.get(key)
+    if cell is None:
+        cell = cells[key] = _Cell()
+    return cell
+
+
+def _fit(curve: _CurveState, offset: _Cell, u: float, target: float, floor: float, cap: float) -> float:
+    """One step of the additive model ``target ~ curve(load) + offset`` at load position ``u``; returns the
+    curve's error.
 
     The curve learns the pool's level at each load over whatever mix of requests it serves; the offset
     learns what the curve leaves over for its cell. (Fitting both to each other's residuals lets a common
     constant drift between them, and nodes learned at different times then disagree.)
     """
-    error = curve.step(load, target, floor, cap)
-    offset.step(target - curve.predict(load, curve.filled()), 1.0, floor, cap)
+    error = curve.step(u, target, floor, cap)
+    offset.step(target - curve.predict(u, curve.filled()), 1.0, floor, cap)
     return error
 
 
-def _known_ttft(state: _PoolState, offset: _Cell, load: float, total_s: float) -> float:
-    """The predicted first-token time at ``load`` (capped at half the total), or 0 with no stream seen yet."""
+def _known_ttft(state: _PoolState, offset: _Cell, u: float, total_s: float) -> float:
+    """The predicted first-token time at load position ``u`` (capped at half the total), or 0 with no stream
+    seen yet."""
     if not any(w > 0 for w in state.ttft.weights):
         return 0.0
-    predicted = math.exp(state.ttft.predict(load, state.ttft.filled()) + offset.value * _shrink(offset))
+    predicted = math.exp(state.ttft.predict(u, state.ttft.filled()) + offset.value * _shrink(offset))
     return min(predicted, total_s / 2)
 
 

@@ -50,7 +50,10 @@ class Curve:
 
     def at(self, load: float) -> tuple[float, float]:
         """The value at ``load`` and the sample weight behind it."""
-        u = load_position(load)
+        return self.at_position(load_position(load))
+
+    def at_position(self, u: float) -> tuple[float, float]:
+        """:meth:`at` for a load already placed on the grid (one ``load_position`` for several curves)."""
         i = min(int(u), NODES - 2)
         f = u - i
         values, weights = self.values, self.weights
@@ -164,11 +167,12 @@ class LatencyModel:
         if found is None:
             return None
         tokens, token_samples = self.expected_tokens(segment, max_tokens)
-        ttft_log, ttft_w = found.ttft.at(load)
+        u = load_position(load)
+        ttft_log, ttft_w = found.ttft.at_position(u)
         ttft_log += found.ttft_offsets.get(prompt_bin(prompt_tokens), _NO_OFFSET).shrunk
         if not any(found.ttft.weights):  # no stream seen: the whole time is in the per-token part
             ttft_log = -math.inf
-        tpot_log, tpot_w = found.tpot.at(load)
+        tpot_log, tpot_w = found.tpot.at_position(u)
         seg = found.tpot_offsets.get(segment, _NO_OFFSET)
         tpot_log += seg.shrunk
         ttft, tpot = (math.exp(ttft_log) if ttft_log > -math.inf else 0.0), math.exp(tpot_log)

@@ -33,6 +33,8 @@ from gateway.bench.lean_client import LeanClient, Measurement
 from gateway.bench.loadgen import percentile, wait_http
 from gateway.servers import free_port
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -96,10 +98,10 @@ BENCH_KEYS = f"keys: [{{name: bench, key: {BENCH_KEY}, rpm: 1000000000, tpm: 100
 
 @contextmanager
 def process(
-    args: list[str], cpu: set[int] | None, env: dict[str, str] | None = None
+    args: list[str], cpu: set[int] | None, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     child_env = {**os.environ, **env} if env else None
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env, cwd=cwd)
     try:
         if cpu:
             os.sched_setaffinity(proc.pid, cpu)
@@ -175,7 +177,20 @@ def measure(target: str, url: str, meter: CpuMeter, scenario: Scenario) -> Resul
         return runner.run(_measure(target, url, meter, scenario))
 
 
-def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console) -> list[Result]:
+@dataclass(frozen=True)
+class Rig:
+    """The benchmark's fixed parts: the CPU layout and the running fake upstream."""
+
+    layout: Layout
+    proxy_cpu: set[int] | None
+    rest: set[int] | None
+    upstream: str
+    upstream_pid: int
+
+
+@contextmanager
+def rig() -> Iterator[Rig]:
+    """Pins this process (the load generator) and the fake upstream away from the proxies' CPU."""
     cpus = sorted(os.sched_getaffinity(0))
     proxy_cpu = {cpus[0]} if len(cpus) > 1 else None
     rest = set(cpus[1:]) if len(cpus) > 1 else None
@@ -183,36 +198,33 @@ def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console) -> l
         os.sched_setaffinity(0, rest)
     everything = frozenset(cpus)
     layout = Layout(frozenset(proxy_cpu or everything), frozenset(rest or everything))
+    upstream_port = free_port()
+    upstream = f"http://127.0.0.1:{upstream_port}"
+    upstream_cmd = [sys.executable, "-m", "gateway.bench.lean_upstream", "--port", str(upstream_port)]
     try:
-        return _run_targets(targets, plan, console, proxy_cpu, rest, layout)
+        with process(upstream_cmd, rest) as upstream_proc:
+            wait_http(upstream + "/health", timeout_s=STARTUP_TIMEOUT_S)
+            yield Rig(layout, proxy_cpu, rest, upstream, upstream_proc.pid)
     finally:
         os.sched_setaffinity(0, set(cpus))
 
 
-def _run_targets(
-    targets: Sequence[str],
-    plan: Sequence[Scenario],
-    console: Console,
-    proxy_cpu: set[int] | None,
-    rest: set[int] | None,
-    layout: Layout,
-) -> list[Result]:
-    upstream_port = free_port()
-    upstream = f"http://127.0.0.1:{upstream_port}"
+def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console, rules: Path | None = None) -> list[Result]:
     results: list[Result] = []
-    upstream_cmd = [sys.executable, "-m", "gateway.bench.lean_upstream", "--port", str(upstream_port)]
-    with process(upstream_cmd, rest) as upstream_proc:
-        wait_http(upstream + "/health", timeout_s=STARTUP_TIMEOUT_S)
+    with rig() as r:
         for target in targets:
             if target == "direct":
-                meter = CpuMeter(layout, upstream_proc.pid, proxy_pid=None)
-                results += [measure(target, upstream, meter, s) for s in plan]
+                meter = CpuMeter(r.layout, r.upstream_pid, proxy_pid=None)
+                results += [measure(target, r.upstream, meter, s) for s in plan]
                 console.print(f"  measured {target}")
                 continue
             port = free_port()
-            with process(proxy_command(target, port, upstream), proxy_cpu, proxy_env(target, upstream)) as proc:
+            env = proxy_env(target, r.upstream)
+            if rules is not None and target.startswith("specgate"):
+                env["SPECGATE_RULES_FILE"] = str(rules.resolve())
+            with process(proxy_command(target, port, r.upstream), r.proxy_cpu, env) as proc:
                 wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
-                meter = CpuMeter(layout, upstream_proc.pid, proc.pid)
+                meter = CpuMeter(r.layout, r.upstream_pid, proc.pid)
                 results += [measure(target, f"http://127.0.0.1:{port}", meter, s) for s in plan]
             console.print(f"  measured {target}")
     return results
@@ -262,12 +274,47 @@ def _delta(result: Result, ref: Result | None, field: str) -> str:
     return f"{getattr(result, field) - getattr(ref, field):+.2f}"
 
 
-def main(targets: Sequence[str], concurrency: Sequence[int], scale: float, json_out: Path | None) -> int:
+def main(
+    targets: Sequence[str],
+    concurrency: Sequence[int],
+    scale: float,
+    json_out: Path | None,
+    rules: Path | None = None,
+    compare_to: str | None = None,
+    rounds: int = 3,
+) -> int:
     console = Console(width=160)
     plan = scenarios(scale, concurrency)
+    if compare_to is not None:
+        return compare(targets, plan, rules, compare_to, rounds, json_out, console)
     console.print(f"[bold]specgate bench overhead[/]: {len(targets)} targets x {len(plan)} scenarios")
-    results = run(targets, plan, console)
+    results = run(targets, plan, console, rules)
     render(results, console)
     if json_out is not None:
         json_out.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 1 if any(r.errors for r in results) else 0
+
+
+def compare(
+    targets: Sequence[str],
+    plan: Sequence[Scenario],
+    rules: Path | None,
+    rev: str,
+    rounds: int,
+    json_out: Path | None,
+    console: Console,
+) -> int:
+    from gateway.bench import overhead_compare
+
+    gateways = [t for t in targets if t.startswith("specgate")]
+    if len(gateways) != 1:
+        raise SystemExit("--compare-to compares one gateway target (e.g. --targets specgate)")
+    console.print(f"[bold]specgate bench overhead[/]: {gateways[0]} of this tree vs {rev}, {rounds} rounds x "
+                  f"{len(plan)} scenarios each")  # fmt: skip
+    with overhead_compare.exported(rev) as tree, rig() as r:
+        sides = {"base": overhead_compare.Side("base", tree), "head": overhead_compare.Side("head", REPO_ROOT)}
+        results = overhead_compare.run_compare(gateways[0], plan, sides, rounds, r, rules, console)
+    overhead_compare.render_compare(results, rev, console)
+    if json_out is not None:
+        json_out.write_text(json.dumps({k: [asdict(x) for x in v] for k, v in results.items()}, indent=2))
+    return 1 if any(x.errors for v in results.values() for x in v) else 0

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 from rich.console import Console
 
-from gateway.bench.overhead import Result, Scenario, busy_warnings, render, run, scenarios
+from gateway.bench.overhead import REPO_ROOT, Result, Scenario, busy_warnings, main, render, run, scenarios
+from gateway.bench.overhead_compare import order, render_compare
 
 
 def test_overhead_benchmark_runs_every_target_kind() -> None:
@@ -51,3 +56,29 @@ def test_the_logging_and_tracing_targets_run() -> None:
     results = run(["specgate+json-logs", "specgate+otel"], plan, Console(record=True, width=200))
     outcomes = [(r.target, r.errors, r.requests) for r in results]
     assert outcomes == [("specgate+json-logs", 0, 30), ("specgate+otel", 0, 30)]
+
+
+def test_compare_alternates_which_side_goes_first() -> None:
+    assert order(3) == ["base", "head", "head", "base", "base", "head"]
+
+
+def test_compare_table_gives_the_ratio_of_the_medians_and_the_rounds_range() -> None:
+    def cpu(target: str, ms: float) -> Result:
+        return Result(target, "non-stream c64", 10, 0, 1.0, 1.0, 1.0, 1.0, 1.0, ms, 0.5, 0.0)
+
+    results = {"base": [cpu("base", 0.10), cpu("base", 0.20), cpu("base", 0.12)],
+               "head": [cpu("head", 0.11), cpu("head", 0.30), cpu("head", 0.18)]}  # fmt: skip
+    console = Console(record=True, width=200)
+    render_compare(results, "abc123", console)
+    text = console.export_text()
+    assert "0.120" in text and "0.180" in text and "1.50" in text  # medians 0.12 and 0.18
+    assert "1.10-1.50" in text  # per-round ratios 1.10, 1.50, 1.50
+
+
+@pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="needs the git checkout to export a revision")
+def test_compare_runs_this_tree_against_a_revision(tmp_path: Path) -> None:
+    code = main(["specgate"], [1], 0.01, tmp_path / "out.json", compare_to="HEAD", rounds=1)
+    assert code == 0
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert set(saved) == {"base", "head"}
+    assert all(r["errors"] == 0 and r["cpu_ms_per_request"] > 0 for side in saved.values() for r in side)

@@ -1,0 +1,84 @@
+"""GatewayState.learn queues observations and the snapshot refresh folds them in: the learner ends up exactly
+where learning at once would have left it."""
+
+from __future__ import annotations
+
+import random
+
+from prometheus_client import CollectorRegistry
+
+from gateway.adaptive.learner import Learner, Observation
+from gateway.adaptive.model import segment_of
+from gateway.config import Settings
+from gateway.decide import Decision
+from gateway.features import RequestFeatures
+from gateway.state import GatewayState
+
+SEGMENTS = (("chat", False), ("code", True), ("summarize", False))
+
+
+def _state() -> GatewayState:
+    settings = Settings(_env_file=None, standard_urls=["http://127.0.0.1:9"], speculative_urls=["http://127.0.0.1:9"])
+    return GatewayState(settings, CollectorRegistry())
+
+
+def _outcomes(count: int) -> list[tuple[RequestFeatures, Decision, float, float, int, float | None]]:
+    rng = random.Random(3)
+    out = []
+    for _ in range(count):
+        task, copy = rng.choice(SEGMENTS)
+        stream = rng.random() < 0.5
+        features = RequestFeatures("m", 256, rng.randint(1, 4000), task, stream, 1, None, {}, copy=copy)
+        pool = rng.choice(("standard", "speculative"))
+        decision = Decision(pool, "fastest", "learned", learning=True, load=float(rng.randint(0, 80)))
+        ttft = rng.uniform(0.01, 0.3)
+        tokens = rng.randint(1, 400)
+        acceptance = rng.uniform(1.0, 3.5) if pool == "speculative" and rng.random() < 0.5 else None
+        out.append((features, decision, ttft, ttft + tokens * rng.uniform(0.005, 0.04), tokens, acceptance))
+    return out
+
+
+def test_queued_observations_teach_what_learning_at_once_would() -> None:
+    state = _state()
+    direct = Learner(state.learner.floor)
+    for features, decision, ttft, total, tokens, acceptance in _outcomes(500):
+        state.learn(features, decision, ttft, total, tokens, "e2e", acceptance=acceptance)
+        direct.observe(Observation(
+            decision.pool, segment_of(features.task, features.copy), features.prompt_tokens, decision.load,
+            ttft if features.stream else None, total, tokens, acceptance,
+        ))  # fmt: skip
+    assert state.learner.observations == 0  # queued: nothing learned on the request path
+    state.refresh_snapshot()
+    assert state.learner.observations == 500
+    assert state.learner.export() == direct.export()
+    assert state.snapshot.model is not None and state.snapshot.model.version == 500
+
+
+def test_a_stream_without_usage_reads_the_acceptance_learned_from_every_earlier_request() -> None:
+    state = _state()
+    for features, decision, ttft, total, tokens, acceptance in _outcomes(200):
+        state.learn(features, decision, ttft, total, tokens, "e2e", acceptance=acceptance)
+    learned = None
+    for segment in ("chat", "code/copy", "summarize"):
+        learned = learned or state.learner.acceptance_length("speculative", segment)
+    assert learned is None  # still queued
+    features, decision, *_ = _outcomes(1)[0]
+    state.learn(features, decision, 0.05, 1.0, 10, "e2e", counted=False)
+    assert state.learner.observations == 200  # the queue was folded in before reading the learned acceptance
+    state.refresh_snapshot()
+    assert state.learner.observations == 201
+
+
+def test_a_rules_reload_folds_the_queue_in_at_the_old_learning_rate() -> None:
+    state = _state()
+    direct = Learner(state.learner.floor)
+    for features, decision, ttft, total, tokens, acceptance in _outcomes(100):
+        state.learn(features, decision, ttft, total, tokens, "e2e", acceptance=acceptance)
+        direct.observe(Observation(
+            decision.pool, segment_of(features.task, features.copy), features.prompt_tokens, decision.load,
+            ttft if features.stream else None, total, tokens, acceptance,
+        ))  # fmt: skip
+    rules = state.ruleset.rules
+    state.apply_rules(rules.model_copy(update={"adaptive": rules.adaptive.model_copy(update={"learning_rate": 0.5})}))
+    assert state.learner.floor == 0.5
+    assert state.learner.export() == direct.export()

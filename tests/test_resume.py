@@ -21,6 +21,7 @@ from gateway.logs import REQUEST_LOGGER
 from gateway.resume import StreamTap, eligible
 from gateway.rules import load_rules, reference_rules_path
 from tests.conftest import Gateway, Upstreams, dead_url, wait_for
+from tests.sse import events, parsed, text
 
 StartGateway = Callable[..., Gateway]
 CUT = {"x-fake-chunks": "12", "x-fake-cut-after": "5", "x-fake-role": "1"}
@@ -43,20 +44,7 @@ def body(**extra: Any) -> dict[str, Any]:
 
 def stream(gw: Gateway, headers: dict[str, str], payload: dict[str, Any] | None = None) -> list[bytes]:
     with httpx.Client(base_url=gw.url, timeout=10) as client:
-        response = client.post("/v1/chat/completions", json=payload or body(), headers=headers)
-    assert response.status_code == 200, response.text
-    assert response.content.endswith(b"\n\n")
-    return [event for event in response.content.split(b"\n\n") if event]
-
-
-def parsed(events: list[bytes]) -> list[dict[str, Any]]:
-    """The JSON of every event before ``[DONE]`` (each must be a whole ``data:`` line)."""
-    assert all(event.startswith(b"data: ") for event in events), events
-    return [orjson.loads(event[6:]) for event in events if event != b"data: [DONE]"]
-
-
-def text(events: list[dict[str, Any]]) -> str:
-    return "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", []))
+        return events(client.post("/v1/chat/completions", json=payload or body(), headers=headers))
 
 
 @pytest.mark.parametrize("client", ["auto", "aiohttp"], ids=["direct-body", "plain-asgi"])

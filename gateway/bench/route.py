@@ -44,6 +44,7 @@ class RouteConfig:
     max_tokens_cap: int | None = 128
     min_samples: int | None = None  # override the shipped rules' adaptive.min_samples (short runs)
     timeout_s: float = 300.0
+    health_timeout_s: float = 15.0
     model: str | None = None
 
 
@@ -84,6 +85,9 @@ def _gateway(config: RouteConfig, rules: Path) -> ThreadServer:
         _env_file=None,
         standard_urls=[config.standard_url], speculative_urls=[config.speculative_url], rules_file=rules,
         reload_rules=False, first_byte_timeout_s=config.timeout_s, idle_timeout_s=config.timeout_s,
+        # A CPU engine busy with a batch answers /health seconds late; with the default 2 s the pools flapped
+        # down and up, and a pinned phase's requests fell back to the other pool, measuring the wrong pool.
+        health_timeout_s=config.health_timeout_s,
     )  # fmt: skip
     return ThreadServer(create_app(settings, CollectorRegistry()))
 

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from backends.cpu_engine import CpuPair
@@ -34,6 +33,7 @@ from gateway.rules import reference_rules_path
 from gateway.servers import ThreadServer, free_port
 from gateway.signals.vllm_metrics import parse_vllm_metrics
 from tests.conftest import wait_for
+from tests.sse import events, parsed, text
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -46,21 +46,6 @@ KILL_AFTER_BYTES = 2500  # the response head and about eight events of vLLM's st
 def body() -> dict[str, Any]:
     return {"model": MODEL, "messages": MESSAGES, "max_tokens": 64, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
-
-
-def events(response: httpx.Response) -> list[bytes]:
-    assert response.status_code == 200, response.text
-    assert response.content.endswith(b"\n\n")
-    return [event for event in response.content.split(b"\n\n") if event]
-
-
-def parsed(raw: list[bytes]) -> list[dict[str, Any]]:
-    assert all(event.startswith(b"data: ") for event in raw), raw
-    return [orjson.loads(event[6:]) for event in raw if event != b"data: [DONE]"]
-
-
-def text(chunks: list[dict[str, Any]]) -> str:
-    return "".join(c["delta"].get("content") or "" for e in chunks for c in e.get("choices", []))
 
 
 def finished(url: str) -> float:

@@ -38,6 +38,11 @@ from aiohttp import web
 from gateway.bench import shapes
 
 
+def _error(message: str, status: int) -> dict[str, Any]:
+    """An error body in vLLM's (OpenAI's) shape."""
+    return {"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}
+
+
 class _Cut(ConnectionResetError):
     """The fake dropped a stream on purpose (not a client going away)."""
 
@@ -130,7 +135,7 @@ class FakeUpstream:
             await asyncio.sleep(delay)
         status = int(h.get("x-fake-status", 200))
         if status != 200:
-            error = {"error": {"message": f"fake upstream error {status}", "type": "BadRequestError", "code": status}}
+            error = _error(f"fake upstream error {status}", status)
             return web.Response(status=status, body=orjson.dumps(error), content_type="application/json")
         try:  # what vLLM's request validation would refuse with a 400 (the gateway relays bodies as they are)
             count = int(h.get("x-fake-chunks", body.get("max_tokens") or 16))
@@ -138,7 +143,7 @@ class FakeUpstream:
             if not isinstance(body.get("stream_options") or {}, dict) or not 0 <= count <= 100_000:
                 raise ValueError("stream_options must be an object, the token count 0..100000")
         except (TypeError, ValueError) as exc:
-            error = {"error": {"message": f"fake upstream: {exc}", "type": "BadRequestError", "code": 400}}
+            error = _error(f"fake upstream: {exc}", 400)
             return web.Response(status=400, body=orjson.dumps(error), content_type="application/json")
         if not body.get("stream"):
             extra = orjson.loads(h.get("x-fake-response-headers", "{}"))  # e.g. hop-by-hop ones, for tests
@@ -167,7 +172,7 @@ class FakeUpstream:
         self.continuations += 1
         status = int(request.headers.get("x-fake-continue-status", 200))
         if status != 200:
-            error = {"error": {"message": f"fake continuation error {status}", "type": "BadRequestError"}}
+            error = _error(f"fake continuation error {status}", status)
             return web.Response(status=status, body=orjson.dumps(error), content_type="application/json")
         start = len(str(body["messages"][-1].get("content") or "").split())
         limit = body.get("max_completion_tokens") or body.get("max_tokens") or count

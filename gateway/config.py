@@ -28,7 +28,7 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown setting(s): {', '.join(unknown)}")
         super().__init__(**values)
 
-    rules_file: Path | None = None  # None: the shipped reference rules
+    rules_file: Path | None = None  # None: the shipped gateway/rules.yaml
     standard_urls: UrlList = Field(default_factory=list)  # override the rules file's replicas
     speculative_urls: UrlList = Field(default_factory=list)
     host: str = "127.0.0.1"

@@ -90,7 +90,8 @@ def test_upstream_errors_reach_the_client_intact(gateway: StartGateway, upstream
     with httpx.Client(base_url=gw.url) as client:
         r = client.post("/v1/chat/completions", json=chat("hi"), headers={"x-fake-status": "400"})
     assert r.status_code == 400
-    assert r.json() == {"error": {"message": "fake upstream error 400", "type": "BadRequestError", "code": 400}}
+    error = {"message": "fake upstream error 400", "type": "BadRequestError", "param": None, "code": 400}
+    assert r.json() == {"error": error}
     assert r.headers["x-specgate-pool"] == "standard"
 
 

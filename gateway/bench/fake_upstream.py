@@ -61,7 +61,7 @@ class FakeUpstream:
         self.continuations = 0  # continue_final_message requests answered
         self.last_body: dict[str, Any] | None = None
         self.last_headers: dict[str, str] = {}
-        self.tokens_per_word: int | None = None  # set: /tokenize counts this many tokens per word (else 404)
+        self.tokens_per_word: int | None = None  # set: /tokenize counts this many tokens per word (else echoes)
         # (method, raw path, Host) of the latest requests, health checks too; bounded for long-running use
         self.seen: deque[tuple[str, str, str]] = deque(maxlen=10_000)
 
@@ -107,7 +107,7 @@ class FakeUpstream:
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         if self.tokens_per_word is None:
-            return web.json_response({"error": {"message": "not found"}}, status=404)
+            return await self._echo(request)  # the pass-through tests see what was forwarded
         prompt = (await request.json()).get("prompt", "")
         return web.json_response({"count": len(str(prompt).split()) * self.tokens_per_word, "max_model_len": 2048})
 

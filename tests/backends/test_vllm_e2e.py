@@ -20,6 +20,7 @@ from backends.cpu_engine import CpuPair
 from backends.manifest import load_manifest, pool_path
 from gateway.app import create_app
 from gateway.config import Settings
+from gateway.rules import reference_rules_path
 from gateway.servers import ThreadServer
 from gateway.signals.vllm_metrics import EngineStats, SpecCounters, parse_vllm_metrics
 
@@ -60,7 +61,10 @@ def stack(cpu_pools: CpuPair) -> Iterator[Stack]:
     with pytest.MonkeyPatch.context() as env:  # module scope runs before the autouse env cleaner
         for key in [key for key in os.environ if key.startswith("SPECGATE_")]:
             env.delenv(key)  # scripts/test exports SPECGATE_CACHE / SPECGATE_VENV, which Settings refuses
-        settings = Settings(standard_urls=[cpu_pools.standard.url],
+        # The reference table, not the shipped `fastest`: these tests check where each request goes, and the
+        # learner, once warm on these engines, rightly sends chat to the speculative pool too (one request at a
+        # time, n-gram wins everywhere here). The adaptive policy on real engines: tests/backends/test_bench_route.py
+        settings = Settings(rules_file=reference_rules_path(), standard_urls=[cpu_pools.standard.url],
                             speculative_urls=[cpu_pools.speculative.url], reload_rules=False)
     with ThreadServer(create_app(settings)) as gateway:
         deadline = time.monotonic() + 30

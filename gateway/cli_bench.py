@@ -66,6 +66,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     route.add_argument("--min-samples", type=int, default=None, help="override adaptive.min_samples (short runs)")
     route.add_argument("--json", type=Path, help="also write the results as JSON")
     route.set_defaults(func=run_route)
+    limits = bench_sub.add_parser("limits", help="per-key limit accuracy with two gateway replicas over a real Redis")
+    limits.add_argument("--seconds", type=float, default=30.0, help="seconds per scenario (default 30)")
+    limits.add_argument("--clients", type=int, default=8, help="closed-loop clients per gateway (default 8)")
+    limits.add_argument("--sync", type=float, default=0.25, help="redis_sync_interval_s (default 0.25)")
+    limits.set_defaults(func=run_limits)
     decide = bench_sub.add_parser("decide", help="the cost of one routing decision per policy (micro-benchmark)")
     decide.add_argument("--rounds", type=int, default=20_000, help="calls timed per row")
     decide.set_defaults(func=run_decide)
@@ -149,3 +154,9 @@ def run_soak(args: argparse.Namespace) -> int:
     if args.json is not None:
         soak.write_json(result, args.json)
     return 1 if result.errors else 0
+
+
+def run_limits(args: argparse.Namespace) -> int:
+    from gateway.bench import limits_accuracy
+
+    return limits_accuracy.main(args.seconds, args.clients, args.sync)

@@ -5,9 +5,18 @@ The request path never waits for Redis. Each gateway replica keeps a local token
 (:meth:`Limiter.sync`, every ``redis_sync_interval_s``) sends, in one pipelined round trip, what each active
 bucket spent since the last sync to the shared bucket in Redis (``SharedState.sync_limits``: refill by
 elapsed time, debit, may go into debt) and takes the shared level back as its own, and publishes its
-in-flight counts while reading the other replicas'. Between two syncs a replica may admit what the shared
-bucket refilled for everyone, so N replicas can overshoot a limit by at most (N-1) x a sync interval's refill;
-the debt is paid back before the shared bucket admits anything again.
+in-flight counts while reading the other replicas'. Between two syncs every replica may spend the level it
+last saw, so N replicas can overshoot a bucket by up to (N-1) x that level (the whole burst, when a full
+bucket is hit on every replica at once); the debt is paid back before the shared bucket admits anything again,
+so over a window the admitted total holds (``specgate bench limits`` measures it). A key's first use wakes the
+sync at once rather than at the next interval, which shortens the window in which fresh replicas each see a
+full bucket.
+
+Concurrency has no debt to repay, so a replica does not let the others' stale counts decide alone: the limit
+is split into whole shares, one per replica heard from (by the order of their names, so every replica computes
+the same split), and a replica reserves for every other one that is using the key, or was refused for it, its
+share or its last count, whichever is higher. Replicas under load then settle at their shares and never add up
+past the limit between syncs, and a replica alone with the key may still use all of it.
 
 When Redis is down (or not configured), the local buckets simply keep refilling on their own: limits hold
 per replica, and no request fails because of the store.
@@ -19,6 +28,7 @@ Tokens: at admission a request takes its estimate (prompt estimate + ``max_token
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -109,14 +119,19 @@ class KeyLimits:
     tokens: Bucket | None
     concurrency: int | None
     inflight: int = 0
-    others_inflight: int = 0  # the other replicas', from the last sync
+    others_inflight: int = 0  # reserved for the other replicas at the last sync (see reserve_for_others)
     last_used: float = 0.0
+    wanted: bool = False  # a request was refused for concurrency since the last sync (published as demand)
+    wake: asyncio.Event | None = None  # set on first use: the limiter syncs at once
 
     def admit(self, cost: int, now: float) -> Admission:
         """Take one request and ``cost`` tokens, or raise :class:`RateLimited` (nothing taken)."""
+        if now - self.last_used >= ACTIVE_S and self.wake is not None:
+            self.wake.set()  # not synced while idle: the shared levels and the others' counts are unknown
         self.last_used = now
         requests, tokens = self.requests, self.tokens
         if self.concurrency is not None and self.inflight + self.others_inflight >= self.concurrency:
+            self.wanted = True
             raise self._refused("requests", f"concurrent requests: Limit {self.concurrency}", 1.0, now, "concurrency")
         if requests is not None and not requests.take(1, now):
             message = f"requests per min (RPM): Limit {requests.limit:g}, Requested 1"
@@ -179,6 +194,7 @@ class Limiter:
     keys: dict[str, KeyLimits] = field(default_factory=dict)
     store_up: bool = True
     syncs: int = 0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def configure(self, specs: Iterable[tuple[str, int | None, int | None, int | None]]) -> dict[str, KeyLimits]:
         """(name, rpm, tpm, concurrency) per key. A known key is updated in place, so admissions still running
@@ -191,7 +207,7 @@ class Limiter:
                 limits.requests = _bucket(rpm, now)
             if _limit(limits.tokens) != tpm:
                 limits.tokens = _bucket(tpm, now)
-            limits.concurrency = concurrency
+            limits.concurrency, limits.wake = concurrency, self.wake
             fresh[name] = limits
         self.keys = fresh
         return fresh
@@ -209,9 +225,13 @@ class Limiter:
                     plan.append((bucket, bucket.spent))
                     syncs.append(BucketSync(f"{limits.name}:{kind}", bucket.rate, bucket.limit, bucket.spent))
                     bucket.spent = 0.0
-        inflight = {k.name: k.inflight for k in active if k.concurrency is not None}
+        # What is published: the count in flight, or -1 for none but refused (the others leave it its share
+        # instead of holding every slot).
+        inflight = {k.name: k.inflight or -int(k.wanted) for k in active if k.concurrency is not None}
+        for limits in active:
+            limits.wanted = False
         try:
-            levels, totals = await store.sync_limits(self.owner, syncs, inflight, now, INFLIGHT_TTL_S)
+            levels, others = await store.sync_limits(self.owner, syncs, inflight, now, INFLIGHT_TTL_S)
         except SharedStateUnavailable as exc:
             if self.store_up:
                 log.warning("per-key limits fall back to this replica's own buckets: %s", exc)
@@ -224,13 +244,33 @@ class Limiter:
             bucket.level, bucket.updated = level - bucket.spent, now  # minus what was taken during the await
         for limits in active:
             if limits.concurrency is not None:
-                limits.others_inflight = max(0, totals.get(limits.name, 0) - inflight[limits.name])
+                limits.others_inflight = reserve_for_others(limits.concurrency, self.owner, others.get(limits.name, {}))
         return True
 
     async def run(self, store: SharedState, interval_s: float) -> None:
         while True:
-            await asyncio.sleep(interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), interval_s)
+            self.wake.clear()
             await self.sync(store, time.time())
+
+
+def reserve_for_others(limit: int, owner: str, others: dict[str, int]) -> int:
+    """Slots this replica leaves to the others: for each one using the key, its count or its share of the limit,
+    whichever is higher (it may grow to its share before the next sync tells); its share alone for one that was
+    refused with nothing in flight (-1); nothing for an idle one. The shares are whole and add up to the limit:
+    ``limit // replicas`` each, one more for the first ``limit % replicas`` replicas by name."""
+    if not others:
+        return 0
+    ranked = sorted([owner, *others])
+    base, extra = divmod(limit, len(ranked))
+    reserved = 0
+    for rank, name in enumerate(ranked):
+        count = others.get(name, 0) if name != owner else 0
+        if count:
+            share = base + (rank < extra)
+            reserved += max(count, share) if count > 0 else share
+    return reserved
 
 
 def _bucket(limit: int | None, now: float) -> Bucket | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -11,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.errors import RateLimited
-from gateway.limits import Admission, Bucket, KeyLimits, Limiter, duration
+from gateway.limits import Admission, Bucket, KeyLimits, Limiter, duration, reserve_for_others
 from gateway.signals.store import MemorySharedState
 from tests.conftest import Gateway, dead_url, wait_for
 
@@ -118,6 +120,86 @@ async def test_two_replicas_share_one_bucket_through_the_store() -> None:
     kb.admit(1, now).finish(1)
     with pytest.raises(RateLimited, match="RPM"):
         kb.admit(1, now)  # 10 per minute: 8 on a, 2 here
+
+
+@pytest.mark.parametrize(
+    ("others", "reserved"),
+    [
+        ({}, 0),
+        ({"b": 0}, 0),  # idle: nothing reserved, "a" may use the whole limit
+        ({"b": 1}, 4),  # in use: its share at least
+        ({"b": 6}, 6),  # or what it holds
+        ({"b": -1}, 4),  # refused with nothing in flight: its share
+        ({"b": 1, "c": 0}, 3),  # 8 over three: a 3, b 3, c 2
+        ({"b": 0, "c": 1}, 2),
+        ({"b": 2, "c": 5}, 8),
+    ],
+)
+def test_each_replica_using_the_key_is_reserved_its_share_or_its_count(others: dict[str, int], reserved: int) -> None:
+    assert reserve_for_others(8, "a", others) == reserved
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5])
+def test_shares_add_up_to_the_limit_and_nobody_deadlocks(limit: int) -> None:
+    """Every replica refused with nothing in flight (-1 each): the slots left to each add up to the limit, and
+    whenever the limit allows it, each may take one."""
+    owners = ["a", "b", "c"]
+    left = [limit - reserve_for_others(limit, o, {x: -1 for x in owners if x != o}) for o in owners]
+    assert sum(left) == limit
+    assert sum(n > 0 for n in left) == min(limit, len(owners))
+
+
+async def test_replicas_under_load_settle_at_their_shares_and_never_exceed_the_limit() -> None:
+    """Concurrency 4 over two replicas: one alone may use all of it; once the other is refused, it publishes
+    that demand, and the first leaves it half as its slots come back. Counted as the store saw them, the two
+    never hold more than 4 together."""
+    store = MemorySharedState()
+    a, b = Limiter("a"), Limiter("b")
+    ka, kb = (x.configure([("k", None, None, 4)])["k"] for x in (a, b))
+    held = [ka.admit(1, 0.0) for _ in range(4)]  # b idle: a uses the whole limit
+    kb.last_used = 0.0
+    await a.sync(store, 0.0)
+    await b.sync(store, 0.0)
+    assert kb.others_inflight == 4
+    with pytest.raises(RateLimited, match="concurrent"):
+        kb.admit(1, 0.0)
+    await b.sync(store, 0.0)  # publishes its demand (1), though nothing is in flight there
+    await a.sync(store, 0.0)
+    assert ka.others_inflight == 2  # b's share, not its count
+    for admission in held[:3]:
+        admission.finish(1)
+    ka.admit(1, 0.0)  # 2 in flight here + 2 reserved = the limit
+    with pytest.raises(RateLimited, match="concurrent"):
+        ka.admit(1, 0.0)
+    await a.sync(store, 0.0)
+    await b.sync(store, 0.0)
+    assert kb.others_inflight == 2
+    kb.admit(1, 0.0)
+    kb.admit(1, 0.0)
+    with pytest.raises(RateLimited, match="concurrent"):
+        kb.admit(1, 0.0)
+    assert ka.inflight + kb.inflight == 4
+
+
+async def test_a_keys_first_use_wakes_the_sync_at_once() -> None:
+    store = MemorySharedState()
+    limiter = Limiter("a")
+    key = limiter.configure([("k", 10, None, None)])["k"]
+    task = asyncio.create_task(limiter.run(store, 60.0))  # the interval alone would not sync within the test
+    try:
+        await asyncio.sleep(0.01)
+        assert limiter.syncs == 0
+        key.admit(1, time.time()).finish(1)
+        for _ in range(100):
+            if limiter.syncs:
+                break
+            await asyncio.sleep(0.01)
+        assert limiter.syncs == 1
+        key.admit(1, time.time()).finish(1)  # in use: the next sync waits for the interval
+        await asyncio.sleep(0.05)
+        assert limiter.syncs == 1
+    finally:
+        task.cancel()
 
 
 async def test_limits_fall_back_to_local_buckets_when_the_store_fails() -> None:

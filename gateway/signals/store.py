@@ -76,10 +76,11 @@ class SharedState(Protocol):
 
     async def sync_limits(
         self, owner: str, buckets: Sequence[BucketSync], inflight: Mapping[str, int], now: float, ttl_s: float
-    ) -> tuple[list[float], dict[str, int]]:
+    ) -> tuple[list[float], dict[str, dict[str, int]]]:
         """Debit each bucket by what ``owner`` spent (refilled by elapsed time first; it may go into debt, down
-        to minus its burst) and return the levels; publish ``owner``'s in-flight count per key and return each
-        key's total over the owners heard from within ``ttl_s``."""
+        to minus its burst) and return the levels; publish ``owner``'s in-flight count per key (-1: none, but
+        it refused some: it wants its share) and return, per key, the other owners' counts heard from within
+        ``ttl_s``."""
         ...
 
     async def close(self) -> None: ...
@@ -175,14 +176,14 @@ class MemorySharedState:
 
     async def sync_limits(
         self, owner: str, buckets: Sequence[BucketSync], inflight: Mapping[str, int], now: float, ttl_s: float
-    ) -> tuple[list[float], dict[str, int]]:
+    ) -> tuple[list[float], dict[str, dict[str, int]]]:
         levels = [debit(self._buckets.setdefault(s.bucket, _Bucket(s.burst, now)), s, now) for s in buckets]
-        totals: dict[str, int] = {}
+        others: dict[str, dict[str, int]] = {}
         for key, count in inflight.items():
             owners = self._inflight.setdefault(key, {})
             owners[owner] = (count, now)
-            totals[key] = sum(n for n, at in owners.values() if now - at <= ttl_s)
-        return levels, totals
+            others[key] = {who: n for who, (n, at) in owners.items() if who != owner and now - at <= ttl_s}
+        return levels, others
 
     async def close(self) -> None:
         return None
@@ -294,7 +295,7 @@ class RedisSharedState:
 
     async def sync_limits(
         self, owner: str, buckets: Sequence[BucketSync], inflight: Mapping[str, int], now: float, ttl_s: float
-    ) -> tuple[list[float], dict[str, int]]:
+    ) -> tuple[list[float], dict[str, dict[str, int]]]:
         """All of it in one pipelined round trip (each bucket's script is atomic on its own)."""
         pipe = self._client.pipeline(transaction=False)
         for sync in buckets:
@@ -307,8 +308,8 @@ class RedisSharedState:
         replies = await self._guard("sync_limits", pipe.execute())
         levels = [float(level) for level in replies[: len(buckets)]]
         owners = replies[len(buckets) + 2 :: 3]
-        totals = {key: _fresh_total(fields, now, ttl_s) for key, fields in zip(inflight, owners, strict=True)}
-        return levels, totals
+        others = {key: _fresh_others(fields, owner, now, ttl_s) for key, fields in zip(inflight, owners, strict=True)}
+        return levels, others
 
     async def ping(self) -> bool:
         return bool(await self._guard("ping", self._client.ping()))
@@ -317,13 +318,13 @@ class RedisSharedState:
         await self._client.aclose()
 
 
-def _fresh_total(fields: Mapping[str, str], now: float, ttl_s: float) -> int:
-    total = 0
-    for packed in fields.values():
+def _fresh_others(fields: Mapping[str, str], owner: str, now: float, ttl_s: float) -> dict[str, int]:
+    others = {}
+    for who, packed in fields.items():
         count, at = packed.split(" ", 1)
-        if now - float(at) <= ttl_s:
-            total += int(count)
-    return total
+        if who != owner and now - float(at) <= ttl_s:
+            others[who] = int(count)
+    return others
 
 
 def _decode_estimates(fields: Mapping[str, str]) -> dict[str, Estimate]:

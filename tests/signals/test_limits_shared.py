@@ -17,15 +17,15 @@ StartGateway = Callable[..., Gateway]
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
-async def test_sync_limits_debits_refills_and_sums_inflight(store: SharedState) -> None:
+async def test_sync_limits_debits_refills_and_returns_the_others_inflight(store: SharedState) -> None:
     now = 1_000_000.0
-    levels, totals = await store.sync_limits("a", [BucketSync("k:rpm", 1.0, 60.0, 10.0)], {"k": 3}, now, 5.0)
-    assert levels == [50.0] and totals == {"k": 3}
-    levels, totals = await store.sync_limits("b", [BucketSync("k:rpm", 1.0, 60.0, 2.5)], {"k": 1}, now + 4, 5.0)
-    assert levels == [pytest.approx(51.5)] and totals == {"k": 4}  # refilled 4 s at 1/s, minus 2.5
-    levels, totals = await store.sync_limits("b", [BucketSync("k:rpm", 1.0, 60.0, 500.0)], {"k": 0}, now + 8, 5.0)
+    levels, others = await store.sync_limits("a", [BucketSync("k:rpm", 1.0, 60.0, 10.0)], {"k": 3}, now, 5.0)
+    assert levels == [50.0] and others == {"k": {}}
+    levels, others = await store.sync_limits("b", [BucketSync("k:rpm", 1.0, 60.0, 2.5)], {"k": 1}, now + 4, 5.0)
+    assert levels == [pytest.approx(51.5)] and others == {"k": {"a": 3}}  # refilled 4 s at 1/s, minus 2.5
+    levels, others = await store.sync_limits("b", [BucketSync("k:rpm", 1.0, 60.0, 500.0)], {"k": 0}, now + 8, 5.0)
     assert levels == [-60.0]  # debt, floored at minus the burst
-    assert totals == {"k": 0}  # a's count (8 s old) is past the 5 s ttl: a dead replica holds no slots
+    assert others == {"k": {}}  # a's count (8 s old) is past the 5 s ttl: a dead replica holds no slots
     levels, _ = await store.sync_limits("a", [BucketSync("k:rpm", 1.0, 60.0, -3.0)], {}, now + 8, 5.0)
     assert levels == [-57.0]  # given back
 

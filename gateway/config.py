@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(default=2.0, gt=0)
     health_timeout_s: float = Field(default=2.0, gt=0)
     snapshot_interval_s: float = Field(default=0.25, gt=0)
+    # Finished requests learned from (gateway/adaptive), at most, per second: past it, the first of each
+    # snapshot refresh. The model forgets ~5 % per sample, so more would replace, not add, what it knows.
+    learn_max_per_s: float = Field(default=400.0, gt=0)
     qps_window_s: float = Field(default=10.0, gt=0)
     reload_rules: bool = True
     reload_keys: bool = True  # watch keys_file as the rules file is watched

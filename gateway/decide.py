@@ -17,7 +17,7 @@ from gateway.rules import RoutingRules, When
 from gateway.snapshot import Snapshot, other_pool, pool_load
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per request, and a frozen __init__ costs ~2x; never mutated
 class Decision:
     pool: str
     reason: str  # the rule's name, "default", plus a fallback note when the chosen pool was down

@@ -21,7 +21,7 @@ from gateway.rules import RoutingRules
 _CACHE_LIMIT = 1024
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per request, and a frozen __init__ costs ~4x; never mutated
 class RequestFeatures:
     model: str
     max_tokens: int

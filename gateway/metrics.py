@@ -203,6 +203,11 @@ class GatewayMetrics:
             ["pool"],
             registry=registry,
         )
+        self.unlearned = Counter(
+            "specgate_unlearned_requests",
+            "Finished requests not learned from (nor checked against their prediction): past learn_max_per_s.",
+            registry=registry,
+        )
         self.model_warm = Gauge(
             "specgate_model_warm", "1 when the learned model decides (`fastest`), 0 while it warms up.",
             registry=registry,

@@ -70,6 +70,8 @@ class GatewayState:
         self.sweeper = Sweeper(interval_s=min(0.25, max(0.01, timeouts / 10)))
         self.learner = Learner()
         self._pending: list[Observation] = []  # finished requests not yet folded in (see learn())
+        # the queue's length at most: learn_max_per_s over one snapshot interval (see learn())
+        self._pending_limit = min(MAX_PENDING, max(1, round(settings.learn_max_per_s * settings.snapshot_interval_s)))
         self.warm_after: int | None = None  # finished requests the model had taken in when it first decided
         self.ruleset = self._build_ruleset(self.read_rules())
         self.pool_models: frozenset[str] = frozenset()
@@ -155,7 +157,16 @@ class GatewayState:
 
         ``counted`` is False when a stream carried no usage and ``tokens`` counts its events: vLLM sends one
         event per engine step, and a speculative step emits the pool's mean acceptance length in tokens.
+
+        Past ``learn_max_per_s`` (the queue holds a snapshot interval's share) the request is counted in
+        ``specgate_unlearned_requests_total`` and nothing else is done: at thousands of requests a second
+        the model would only forget faster, and this is the request path's largest cost after routing.
         """
+        if decision.explored:
+            self.metrics.explored.labels(decision.pool).inc()
+        if len(self._pending) >= self._pending_limit:
+            self.metrics.unlearned.inc()
+            return
         segment = segment_of(features.task, features.copy)
         first = ttft if features.stream else None  # a whole reply's first byte is its last
         if not counted:
@@ -171,15 +182,11 @@ class GatewayState:
             decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
             at_s=time.monotonic(),
         ))  # fmt: skip
-        if len(self._pending) >= MAX_PENDING:  # a stalled ticker must not grow memory
-            self.flush_observations()
         predicted = decision.predicted
         if predicted is not None:
             value = predicted.value(objective)
             observed = ttft if objective == "ttft" else total
             self.metrics.observe_prediction(decision.pool, value, observed / value)
-        if decision.explored:
-            self.metrics.explored.labels(decision.pool).inc()
 
     def flush_observations(self) -> None:
         """Fold the queued observations into the learner, oldest first."""

@@ -75,7 +75,7 @@ _NO_OFFSET = Offset(0.0, 0.0)
 
 @dataclass(frozen=True, slots=True)
 class PoolModel:
-    """What was learned about one pool."""
+    """What was learned about one pool, with what each prediction needs precomputed once per model."""
 
     ttft: Curve
     tpot: Curve
@@ -86,6 +86,32 @@ class PoolModel:
     samples: float  # effective samples (decayed)
     acceptance: Mapping[str, Offset] = field(default_factory=dict)  # mean acceptance length per segment
     last_observed_s: float | None = None  # the learner's clock at the last observation
+    # derived in __post_init__ (a model is built every model refresh, read by every request)
+    has_ttft: bool = field(init=False, default=False)  # a stream was seen: the first token's time is known
+    ttft_shift: Mapping[int, float] = field(init=False, default_factory=dict)  # shrunk offsets by prompt bin
+    added_slope: tuple[float, ...] = field(init=False, default=())  # per node: see _added_slopes
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "has_ttft", any(self.ttft.weights))
+        object.__setattr__(self, "ttft_shift", {k: o.shrunk for k, o in self.ttft_offsets.items()})
+        object.__setattr__(self, "added_slope", _added_slopes(self.tpot))
+
+
+def _added_slopes(curve: Curve) -> tuple[float, ...]:
+    """Per node load ``L``: how much one more request slows each token of the others on the pool, in seconds
+    per token per request (before the segment's factor): the per-token time's secant over half to twice the
+    load, ``(t(2L + 1) - t(L / 2)) / (1.5 L + 1)``.
+
+    A wide secant, not the slope at ``L``: two curve points learned close together give a slope that is
+    mostly their noise, and this term is multiplied by the load and the output length (the delay the request
+    adds to the others, which is what splits traffic between the pools)."""
+    out = []
+    for i in range(NODES):
+        load = 2.0**i - 1.0
+        low, high = load / 2.0, 2.0 * load + 1.0
+        rise = math.exp(curve.at(high)[0]) - math.exp(curve.at(low)[0])
+        out.append(max(rise, 0.0) / (high - low))
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +140,7 @@ class Lengths:
         return (self.prefix[below] + cap * (n - below)) / n
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made per request, and a frozen __init__ costs ~2x; never mutated
 class Prediction:
     pool: str
     ttft_s: float
@@ -122,10 +148,18 @@ class Prediction:
     tpot_s: float
     output_tokens: float
     load: float
-    low_s: float  # interval of the objective's value
-    high_s: float
+    objective_s: float  # the objective's value (ttft_s or e2e_s)
+    sigma: float  # log-space half-width of the interval, before Z
     samples: float  # weight behind the least-known part of the prediction
     cost_s: float  # the objective plus the delay this request adds to the others on the pool
+
+    @property
+    def low_s(self) -> float:  # the ~90 % interval of the objective's value
+        return self.objective_s * math.exp(-Z * self.sigma)
+
+    @property
+    def high_s(self) -> float:
+        return self.objective_s * math.exp(Z * self.sigma)
 
     def value(self, objective: str) -> float:
         return self.ttft_s if objective == "ttft" else self.e2e_s
@@ -160,41 +194,42 @@ class LatencyModel:
 
     def predict(
         self, pool: str, segment: str, prompt_tokens: int, max_tokens: int, load: float, objective: str = "e2e",
-        externality: float = 1.0,
+        externality: float = 1.0, tokens: tuple[float, float] | None = None,
     ) -> Prediction | None:  # fmt: skip
-        """The pool's predicted latency for one request at ``load``, or None for a pool never observed."""
+        """The pool's predicted latency for one request at ``load``, or None for a pool never observed.
+        ``tokens``: :meth:`expected_tokens` for the request, when the caller has it already (both pools')."""
         found = self.pools.get(pool)
         if found is None:
             return None
-        tokens, token_samples = self.expected_tokens(segment, max_tokens)
-        u = load_position(load)
-        ttft_log, ttft_w = found.ttft.at_position(u)
-        ttft_log += found.ttft_offsets.get(prompt_bin(prompt_tokens), _NO_OFFSET).shrunk
-        if not any(found.ttft.weights):  # no stream seen: the whole time is in the per-token part
-            ttft_log = -math.inf
-        tpot_log, tpot_w = found.tpot.at_position(u)
+        expected, token_samples = tokens if tokens is not None else self.expected_tokens(segment, max_tokens)
+        u = min(math.log2(1.0 + load), NODES - 1.0) if load > 0 else 0.0  # load_position, inlined
+        i = min(int(u), NODES - 2)
+        f = u - i
+        g = 1.0 - f
         seg = found.tpot_offsets.get(segment, _NO_OFFSET)
-        tpot_log += seg.shrunk
-        ttft, tpot = (math.exp(ttft_log) if ttft_log > -math.inf else 0.0), math.exp(tpot_log)
-        e2e = ttft + max(tokens - 1.0, 1.0) * tpot
-        # The others on the pool each run about `tokens` steps slower by the step's growth with one more request.
-        next_log, _ = found.tpot.at(load + 1.0)
-        added = max(math.exp(next_log + seg.shrunk) - tpot, 0.0) * tokens * load * externality
+        shift = seg.shrunk
+        tpot_curve = found.tpot
+        tpot_log = tpot_curve.values[i] * g + tpot_curve.values[i + 1] * f + shift
+        tpot_w = tpot_curve.weights[i] * g + tpot_curve.weights[i + 1] * f
+        tpot = math.exp(tpot_log)
+        if found.has_ttft:
+            ttft_curve = found.ttft
+            ttft_w = ttft_curve.weights[i] * g + ttft_curve.weights[i + 1] * f
+            ttft_log = ttft_curve.values[i] * g + ttft_curve.values[i + 1] * f
+            ttft = math.exp(ttft_log + found.ttft_shift.get(prompt_bin(prompt_tokens), 0.0))
+        else:  # no stream seen: the whole time is in the per-token part
+            ttft, ttft_w = 0.0, 0.0
+        e2e = ttft + max(expected - 1.0, 1.0) * tpot
         if objective == "ttft":
             value, var, weight = ttft, found.ttft_var, ttft_w
+            cost, samples = ttft, ttft_w
         else:
             value, var = e2e, found.tpot_var + found.ttft_var / 4
             weight = min(tpot_w, seg.weight + SHRINK)
+            # the others on the pool each run about `expected` steps slower by what one more request adds
+            slopes = found.added_slope
+            slope = slopes[i] * g + slopes[i + 1] * f
+            cost = e2e + slope * math.exp(shift) * expected * load * externality
+            samples = min(tpot_w, seg.weight, token_samples)
         sigma = math.sqrt(var * (1.0 / (weight + 1.0) + 1.0 / (found.samples + 1.0)))
-        return Prediction(
-            pool=pool,
-            ttft_s=ttft,
-            e2e_s=e2e,
-            tpot_s=tpot,
-            output_tokens=tokens,
-            load=load,
-            low_s=value * math.exp(-Z * sigma),
-            high_s=value * math.exp(Z * sigma),
-            samples=min(tpot_w, seg.weight, token_samples) if objective != "ttft" else ttft_w,
-            cost_s=value + (added if objective != "ttft" else 0.0),
-        )
+        return Prediction(pool, ttft, e2e, tpot, expected, load, value, sigma, samples, cost)

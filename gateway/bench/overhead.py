@@ -31,6 +31,7 @@ from rich.table import Table
 from gateway.bench.cpu import CpuMeter, Layout
 from gateway.bench.lean_client import LeanClient, Measurement
 from gateway.bench.loadgen import percentile, wait_http
+from gateway.rules import reference_rules_path
 from gateway.servers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +92,9 @@ TARGETS = (
 # tracing on (spans exported over OTLP/HTTP to the fake upstream's /v1/traces, which discards them).
 # "specgate/keys": the default gateway with an API key that has every per-key limit (high enough never to refuse),
 # so the difference to "specgate" is what authentication and limits cost. Every target gets the same header.
-EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys")
+# "specgate/reference-rules": the default gateway routing by gateway/rules-reference.yaml (no learned model), so
+# the difference to "specgate" is what the adaptive policy costs (predictions, learning, fresh in-flight counts).
+EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys", "specgate/reference-rules")
 BENCH_KEY = "sk-bench-overhead"
 BENCH_KEYS = f"keys: [{{name: bench, key: {BENCH_KEY}, rpm: 1000000000, tpm: 1000000000, concurrency: 100000}}]"
 
@@ -121,7 +124,7 @@ def proxy_command(target: str, port: int, upstream: str) -> list[str]:
         return [py, "-m", "gateway.bench.minimal_proxy", "--port", str(port), "--upstream", upstream]
     client = {"specgate": "auto", "specgate/aiohttp": "aiohttp", "specgate/httpx": "httpx",
               "specgate/httpx-aiohttp": "httpx-aiohttp", "specgate+json-logs": "auto",
-              "specgate+otel": "auto", "specgate/keys": "auto"}[target]  # fmt: skip
+              "specgate+otel": "auto", "specgate/keys": "auto", "specgate/reference-rules": "auto"}[target]  # fmt: skip
     extra = ["--log-format", "json"] if target == "specgate+json-logs" else []
     return [py, "-m", "gateway.cli", "serve", "--standard", upstream, "--speculative", upstream,
             "--port", str(port), "--upstream-client", client, *extra]  # fmt: skip
@@ -130,6 +133,8 @@ def proxy_command(target: str, port: int, upstream: str) -> list[str]:
 def proxy_env(target: str, upstream: str) -> dict[str, str]:
     if target == "specgate/keys":
         return {"SPECGATE_KEYS": BENCH_KEYS}
+    if target == "specgate/reference-rules":
+        return {"SPECGATE_RULES_FILE": str(reference_rules_path())}
     if target != "specgate+otel":
         return {}
     return {"SPECGATE_TRACING": "otel", "OTEL_TRACES_EXPORTER": "otlp",
@@ -220,7 +225,7 @@ def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console, rule
                 continue
             port = free_port()
             env = proxy_env(target, r.upstream)
-            if rules is not None and target.startswith("specgate"):
+            if rules is not None and target.startswith("specgate") and target != "specgate/reference-rules":
                 env["SPECGATE_RULES_FILE"] = str(rules.resolve())
             with process(proxy_command(target, port, r.upstream), r.proxy_cpu, env) as proc:
                 wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")

@@ -17,8 +17,11 @@ from gateway.state import GatewayState
 SEGMENTS = (("chat", False), ("code", True), ("summarize", False))
 
 
-def _state() -> GatewayState:
-    settings = Settings(_env_file=None, standard_urls=["http://127.0.0.1:9"], speculative_urls=["http://127.0.0.1:9"])
+def _state(learn_max_per_s: float = 1e6) -> GatewayState:
+    settings = Settings(
+        _env_file=None, standard_urls=["http://127.0.0.1:9"], speculative_urls=["http://127.0.0.1:9"],
+        learn_max_per_s=learn_max_per_s,
+    )  # fmt: skip
     return GatewayState(settings, CollectorRegistry())
 
 
@@ -82,3 +85,25 @@ def test_a_rules_reload_folds_the_queue_in_at_the_old_learning_rate() -> None:
     state.apply_rules(rules.model_copy(update={"adaptive": rules.adaptive.model_copy(update={"learning_rate": 0.5})}))
     assert state.learner.floor == 0.5
     assert state.learner.export() == direct.export()
+
+
+def test_past_learn_max_per_s_a_refresh_takes_only_its_share() -> None:
+    """learn_max_per_s 40 with the 0.25 s snapshot interval: 10 finished requests a refresh are learned from,
+    the rest counted as unlearned (and not checked against their prediction either)."""
+    registry = CollectorRegistry()
+    settings = Settings(
+        _env_file=None, standard_urls=["http://127.0.0.1:9"], speculative_urls=["http://127.0.0.1:9"],
+        learn_max_per_s=40,
+    )  # fmt: skip
+    state = GatewayState(settings, registry)
+    outcomes = _outcomes(50)
+    for features, decision, ttft, total, tokens, acceptance in outcomes[:30]:
+        state.learn(features, decision, ttft, total, tokens, "e2e", acceptance=acceptance)
+    state.refresh_snapshot()
+    assert state.learner.observations == 10
+    assert registry.get_sample_value("specgate_unlearned_requests_total") == 20
+    for features, decision, ttft, total, tokens, acceptance in outcomes[30:]:
+        state.learn(features, decision, ttft, total, tokens, "e2e", acceptance=acceptance)
+    state.refresh_snapshot()
+    assert state.learner.observations == 20  # each refresh opens a new share
+    assert registry.get_sample_value("specgate_unlearned_requests_total") == 30

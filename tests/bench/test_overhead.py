@@ -8,8 +8,19 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gateway.bench.overhead import REPO_ROOT, Result, Scenario, busy_warnings, main, render, run, scenarios
+from gateway.bench.overhead import (
+    REPO_ROOT,
+    Result,
+    Scenario,
+    busy_warnings,
+    main,
+    proxy_env,
+    render,
+    run,
+    scenarios,
+)
 from gateway.bench.overhead_compare import order, render_compare
+from gateway.rules import reference_rules_path
 
 
 def test_overhead_benchmark_runs_every_target_kind() -> None:
@@ -56,6 +67,16 @@ def test_the_logging_and_tracing_targets_run() -> None:
     results = run(["specgate+json-logs", "specgate+otel"], plan, Console(record=True, width=200))
     outcomes = [(r.target, r.errors, r.requests) for r in results]
     assert outcomes == [("specgate+json-logs", 0, 30), ("specgate+otel", 0, 30)]
+
+
+def test_the_reference_rules_target_routes_by_the_reference_rules_whatever_rules_says() -> None:
+    """`specgate/reference-rules` beside `specgate` shows what the adaptive policy costs per request."""
+    assert proxy_env("specgate/reference-rules", "http://127.0.0.1:9") == {
+        "SPECGATE_RULES_FILE": str(reference_rules_path())
+    }
+    plan = [Scenario("non-stream c2", False, 2, 8, 0.0, 30)]
+    results = run(["specgate/reference-rules"], plan, Console(record=True, width=200), rules=Path("no-such.yaml"))
+    assert [(r.target, r.errors, r.requests) for r in results] == [("specgate/reference-rules", 0, 30)]
 
 
 def test_compare_alternates_which_side_goes_first() -> None:

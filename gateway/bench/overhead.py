@@ -225,8 +225,8 @@ def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console, rule
                 continue
             port = free_port()
             env = proxy_env(target, r.upstream)
-            if rules is not None and target.startswith("specgate") and target != "specgate/reference-rules":
-                env["SPECGATE_RULES_FILE"] = str(rules.resolve())
+            if rules is not None and target.startswith("specgate"):  # unless the target names its own
+                env.setdefault("SPECGATE_RULES_FILE", str(rules.resolve()))
             with process(proxy_command(target, port, r.upstream), r.proxy_cpu, env) as proc:
                 wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
                 meter = CpuMeter(r.layout, r.upstream_pid, proc.pid)

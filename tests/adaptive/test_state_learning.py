@@ -17,12 +17,12 @@ from gateway.state import GatewayState
 SEGMENTS = (("chat", False), ("code", True), ("summarize", False))
 
 
-def _state(learn_max_per_s: float = 1e6) -> GatewayState:
+def _state(learn_max_per_s: float = 1e6, registry: CollectorRegistry | None = None) -> GatewayState:
     settings = Settings(
         _env_file=None, standard_urls=["http://127.0.0.1:9"], speculative_urls=["http://127.0.0.1:9"],
         learn_max_per_s=learn_max_per_s,
     )  # fmt: skip
-    return GatewayState(settings, CollectorRegistry())
+    return GatewayState(settings, registry or CollectorRegistry())
 
 
 def _outcomes(count: int) -> list[tuple[RequestFeatures, Decision, float, float, int, float | None]]:
@@ -91,11 +91,7 @@ def test_past_learn_max_per_s_a_refresh_takes_only_its_share() -> None:
     """learn_max_per_s 40 with the 0.25 s snapshot interval: 10 finished requests a refresh are learned from,
     the rest counted as unlearned (and not checked against their prediction either)."""
     registry = CollectorRegistry()
-    settings = Settings(
-        _env_file=None, standard_urls=["http://127.0.0.1:9"], speculative_urls=["http://127.0.0.1:9"],
-        learn_max_per_s=40,
-    )  # fmt: skip
-    state = GatewayState(settings, registry)
+    state = _state(learn_max_per_s=40, registry=registry)
     outcomes = _outcomes(50)
     for features, decision, ttft, total, tokens, acceptance in outcomes[:30]:
         state.learn(features, decision, ttft, total, tokens, "e2e", acceptance=acceptance)

@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -33,6 +33,7 @@ from backends.render import DEFAULT_VLLM_VERSION, render_engine_args
 REPO_ROOT = Path(__file__).resolve().parent.parent
 READY_MARKER = ".specgate-ready"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+OMP_BIND = "VLLM_CPU_OMP_THREADS_BIND"  # vLLM CPU: the CPUs the engine's compute threads are bound to
 
 
 class EngineNotReady(RuntimeError):
@@ -98,20 +99,29 @@ class CpuEngine:
         return [str(self.python), "-m", SERVER_MODULE, "--model", str(self.model_dir(manifest)),
                 "--host", host, *engine_args]
 
-    def server_env(self, manifest: PoolManifest, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    def server_env(
+        self, manifest: PoolManifest, base: Mapping[str, str] | None = None, cpus: Sequence[int] = ()
+    ) -> dict[str, str]:  # fmt: skip
+        """The server's environment: ``base`` (default: ours), the manifest's ``env``, and with ``cpus`` the
+        engine's compute threads bound to them (``VLLM_CPU_OMP_THREADS_BIND``), unless that is set already."""
         env = dict(os.environ if base is None else base)
         env.update(manifest.env)
+        if cpus and OMP_BIND not in env:
+            env[OMP_BIND] = ",".join(str(cpu) for cpu in cpus)
         return env
 
 
 class CpuServer:
     """One vLLM CPU server process: start it, wait for /health, stop it (the whole process group)."""
 
-    def __init__(self, engine: CpuEngine, manifest: PoolManifest, port: int, log_path: Path) -> None:
+    def __init__(
+        self, engine: CpuEngine, manifest: PoolManifest, port: int, log_path: Path, cpus: Sequence[int] = ()
+    ) -> None:  # fmt: skip
         self.engine = engine
         self.manifest = manifest
         self.port = port
         self.log_path = log_path
+        self.cpus = tuple(cpus)  # where its compute threads run (empty: vLLM's own choice)
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -125,7 +135,7 @@ class CpuServer:
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             self.engine.server_argv(self.manifest, port=self.port),
-            env=self.engine.server_env(self.manifest),
+            env=self.engine.server_env(self.manifest, cpus=self.cpus),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -211,9 +221,31 @@ class CpuPair:
         return all(s.process is not None and s.process.poll() is None for s in self.servers)
 
 
+def split_cpus(cpus: Iterable[int], parts: int = 2) -> list[tuple[int, ...]]:
+    """``cpus`` cut into ``parts`` disjoint runs of (nearly) equal size, in order; empty lists when there
+    are fewer CPUs than parts (nothing to give each its own)."""
+    ordered = sorted(cpus)
+    if len(ordered) < parts:
+        return [() for _ in range(parts)]
+    size, extra = divmod(len(ordered), parts)
+    out, start = [], 0
+    for index in range(parts):
+        end = start + size + (1 if index < extra else 0)
+        out.append(tuple(ordered[start:end]))
+        start = end
+    return out
+
+
 def cpu_pair(engine: CpuEngine, manifests: tuple[PoolManifest, PoolManifest], ports: tuple[int, int],
              log_dir: Path) -> CpuPair:
-    """A (not yet started) pair from the standard and speculative CPU manifests."""
-    standard, speculative = (CpuServer(engine, m, port, log_dir / f"{m.pool}.log")
-                             for m, port in zip(manifests, ports, strict=True))
+    """A (not yet started) pair from the standard and speculative CPU manifests, each pool's compute
+    threads on its own half of the CPUs this process may use.
+
+    Two pools are two sets of hardware (two GPUs in production). Left to vLLM's automatic binding, both
+    engines reserve the last CPU for their schedulers and bind their compute threads to the same others:
+    on a 2-core machine both pools computed on CPU 0, so using both at once added no capacity and each
+    slowed the other. ``VLLM_CPU_OMP_THREADS_BIND`` set in the environment or a manifest still wins."""
+    halves = split_cpus(os.sched_getaffinity(0))
+    standard, speculative = (CpuServer(engine, m, port, log_dir / f"{m.pool}.log", cpus)
+                             for m, port, cpus in zip(manifests, ports, halves, strict=True))
     return CpuPair(standard, speculative)

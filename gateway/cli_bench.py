@@ -64,6 +64,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     route.add_argument("--concurrency", default="1,8", help="comma-separated closed-loop concurrency levels")
     route.add_argument("--max-tokens", type=int, default=128, help="cap on each request's max_tokens")
     route.add_argument("--min-samples", type=int, default=None, help="override adaptive.min_samples (short runs)")
+    route.add_argument("--repeat", type=int, default=2, help="passes over the four phases per level, each in the "
+                       "reverse order of the one before (default 2: drift in the machine's speed weighs on all alike)")
     route.add_argument("--json", type=Path, help="also write the results as JSON")
     route.set_defaults(func=run_route)
     limits = bench_sub.add_parser("limits", help="per-key limit accuracy with two gateway replicas over a real Redis")
@@ -123,7 +125,8 @@ def run_route(args: argparse.Namespace) -> int:
     except (WorkloadFileError, ValueError) as exc:
         raise SystemExit(f"specgate bench route: {exc}") from exc
     config = route.RouteConfig(
-        args.standard.rstrip("/"), args.speculative.rstrip("/"), items, levels, args.max_tokens, args.min_samples
+        args.standard.rstrip("/"), args.speculative.rstrip("/"), items, levels, args.max_tokens, args.min_samples,
+        repeat=args.repeat,
     )
     result = route.bench_route(config)
     route.report(result, Console(width=160))

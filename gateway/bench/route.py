@@ -2,7 +2,10 @@
 
 At each concurrency level (closed loop) the same requests run four times: pinned to the standard pool,
 pinned to the speculative pool, routed by the reference rules (a gateway with ``rules-reference.yaml``) and
-routed by the adaptive policy (a gateway with the shipped rules). The pinned phases go through the adaptive
+routed by the adaptive policy (a gateway with the shipped rules). With ``repeat`` > 1 the four phases run
+again in the reverse order (standard, speculative, rules, adaptive, then adaptive, rules, speculative,
+standard, ...), and each policy's figures pool its passes: a machine that slows down or speeds up during
+the run then weighs on every policy alike, not on whichever phase ran last. The pinned phases go through the adaptive
 gateway, so it learns from them as it would from any traffic; how many requests it had taken in when its
 model first decided is reported. Streams with ``include_usage`` (exact token counts, and vLLM's per-request
 acceptance when the speculative pool reports it); latency is the client's, through the gateway.
@@ -43,6 +46,7 @@ class RouteConfig:
     concurrency: Sequence[int] = (1, 8)
     max_tokens_cap: int | None = 128
     min_samples: int | None = None  # override the shipped rules' adaptive.min_samples (short runs)
+    repeat: int = 2  # passes over the four phases per level, alternating their order
     timeout_s: float = 300.0
     health_timeout_s: float = 15.0
     model: str | None = None
@@ -129,16 +133,22 @@ async def _phase(
     return list(await asyncio.gather(*(one(item) for item in items)))
 
 
+def phase_orders(repeat: int) -> list[tuple[str, ...]]:
+    """The phases of each pass: in order, then reversed, and so on (``repeat`` passes, at least one)."""
+    return [PHASES if i % 2 == 0 else PHASES[::-1] for i in range(max(repeat, 1))]
+
+
 async def _drive(config: RouteConfig, adaptive_url: str, rules_url: str, result: RouteResult) -> None:
     async with httpx.AsyncClient(timeout=config.timeout_s) as client:
         model = config.model or (await client.get(f"{config.standard_url}/v1/models")).json()["data"][0]["id"]
         result.model = model
         for concurrency in config.concurrency:
             items = [config.items[i % len(config.items)] for i in range(max(len(config.items), concurrency))]
-            for phase in PHASES:
-                url = rules_url if phase == "rules" else adaptive_url
-                result.outcomes[concurrency, phase] = await _phase(client, url, items, model, config, concurrency,
-                                                                   phase)  # fmt: skip
+            for order in phase_orders(config.repeat):
+                for phase in order:
+                    url = rules_url if phase == "rules" else adaptive_url
+                    outcomes = await _phase(client, url, items, model, config, concurrency, phase)
+                    result.outcomes.setdefault((concurrency, phase), []).extend(outcomes)
         view = (await client.get(f"{adaptive_url}/v1/route/model")).json()
         result.learned_after = view.get("warm_after")
 

@@ -19,7 +19,7 @@ def test_bench_route_on_real_pools(cpu_pools: CpuPair, tmp_path: Path, capsys: p
     code = main([
         "bench", "route", "--standard", cpu_pools.standard.url, "--speculative", cpu_pools.speculative.url,
         "--workload", str(DATA_DIR / "code.yaml"), "--workload", str(DATA_DIR / "chat.yaml"), "--per-category", "2",
-        "--concurrency", "1,4", "--max-tokens", "16", "--min-samples", "4", "--json", str(out),
+        "--concurrency", "1,4", "--max-tokens", "16", "--min-samples", "4", "--repeat", "2", "--json", str(out),
     ])  # fmt: skip
     printed = capsys.readouterr().out
     print(printed)
@@ -27,6 +27,9 @@ def test_bench_route_on_real_pools(cpu_pools: CpuPair, tmp_path: Path, capsys: p
     result = json.loads(out.read_text())
     phases = {(o["concurrency"], o["phase"]) for o in result["outcomes"]}
     assert phases == {(c, p) for c in (1, 4) for p in ("standard", "speculative", "rules", "adaptive")}
+    # two passes (the second in reverse order): every phase ran each prompt twice, 4 prompts at least per level
+    counts = {key: sum(1 for o in result["outcomes"] if (o["concurrency"], o["phase"]) == key) for key in phases}
+    assert counts == {(c, p): 2 * max(4, c) for c, p in phases}
     pinned = [o for o in result["outcomes"] if o["phase"] in ("standard", "speculative")]
     assert all(o["pool"] == o["phase"] for o in pinned)
     assert result["learned_after"] is not None  # 4 per pool: the pinned phases warm it up

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from backends.cpu_engine import CpuEngine, default_cache_dir
+from backends.cpu_engine import OMP_BIND, CpuEngine, cpu_pair, default_cache_dir, split_cpus
 from backends.manifest import load_manifest, pool_path
 
 
@@ -40,3 +41,29 @@ def test_missing_lists_what_is_not_prepared(tmp_path: Path) -> None:
     model.mkdir(parents=True)
     (model / ".specgate-ready").touch()
     assert engine.missing(manifest) == []
+
+
+def test_split_cpus_gives_each_pool_its_own_disjoint_half() -> None:
+    assert split_cpus({1, 0}) == [(0,), (1,)]
+    assert split_cpus(range(5)) == [(0, 1, 2), (3, 4)]
+    assert split_cpus({3, 7, 5, 1}) == [(1, 3), (5, 7)]
+    assert split_cpus({0}) == [(), ()]  # one CPU: nothing to split, vLLM binds as it likes
+
+
+def test_server_env_binds_the_compute_threads_unless_already_bound(tmp_path: Path) -> None:
+    engine, manifest = CpuEngine(tmp_path), load_manifest(pool_path("speculative", cpu=True))
+    assert engine.server_env(manifest, base={}, cpus=(2, 3))[OMP_BIND] == "2,3"
+    assert OMP_BIND not in engine.server_env(manifest, base={})
+    assert engine.server_env(manifest, base={OMP_BIND: "nobind"}, cpus=(2, 3))[OMP_BIND] == "nobind"
+
+
+def test_a_cpu_pair_puts_the_two_pools_on_different_cpus(tmp_path: Path) -> None:
+    manifests = (load_manifest(pool_path("standard", cpu=True)), load_manifest(pool_path("speculative", cpu=True)))
+    pair = cpu_pair(CpuEngine(tmp_path), manifests, (9100, 9101), tmp_path)
+    available = os.sched_getaffinity(0)
+    if len(available) < 2:
+        assert pair.standard.cpus == pair.speculative.cpus == ()
+    else:
+        assert pair.standard.cpus and pair.speculative.cpus
+        assert not set(pair.standard.cpus) & set(pair.speculative.cpus)
+        assert set(pair.standard.cpus) | set(pair.speculative.cpus) == available

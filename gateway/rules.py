@@ -207,7 +207,11 @@ class AdaptiveConfig(_Strict):
     min_samples: int = Field(default=20, ge=1, description="finished requests per pool before `fastest` decides")
     min_cell_samples: float = Field(default=3.0, ge=0, description="below this a prediction counts as uncertain")
     explore_share: float = Field(default=0.02, ge=0, le=0.2, description="most requests sent to the other pool")
-    stale_s: float = Field(default=120.0, gt=0, description="a pool unobserved this long is explored")
+    stale_s: float = Field(
+        default=120.0, gt=0,
+        description="a pool, or a request's segment on a pool, unobserved this long is explored (and what the "
+        "model knows of an unseen segment there fades on this scale)",
+    )  # fmt: skip
     learning_rate: float = Field(default=0.05, gt=0, le=1, description="forgetting: the smallest step of a cell")
     split_temperature: float = Field(default=0.05, gt=0, le=1, description="softness of the split near balance")
     externality: float = Field(default=1.0, ge=0, le=4, description="weight of the delay a request adds to others")

@@ -101,6 +101,7 @@ class GatewayState:
         rules = rules.with_replicas(self.settings.standard_urls, self.settings.speculative_urls)
         self.pools.configure({name: pool.replicas for name, pool in rules.pools.items()})
         self.learner.set_learning_rate(rules.adaptive.learning_rate)
+        self.learner.forget_s = rules.adaptive.stale_s
         return RuleSet(rules, Classifier(rules), frozenset(rules.models))
 
     def apply_rules(self, rules: RoutingRules) -> None:

@@ -328,10 +328,10 @@ def run_policies(
         INFORMED: Simulation(profile, reference, seed, clairvoyant=True, informed=segment_means(arrivals), **options),  # type: ignore[arg-type]
     }
     if policies.adaptive is not None:
-        rate = policies.adaptive.adaptive.learning_rate
-        sims[ADAPTIVE] = Simulation(profile, policies.adaptive, seed, learner=Learner(rate), **options)  # type: ignore[arg-type]
+        rate, forget = policies.adaptive.adaptive.learning_rate, policies.adaptive.adaptive.stale_s
+        sims[ADAPTIVE] = Simulation(profile, policies.adaptive, seed, learner=Learner(rate, forget), **options)  # type: ignore[arg-type]
         if warm_arrivals is not None and ADAPTIVE_WARM in include:
-            learner = Learner(rate)
+            learner = Learner(rate, forget)
             Simulation(profile, policies.adaptive, seed + 1, learner=learner, **options).run(warm_arrivals)  # type: ignore[arg-type]
             sims[ADAPTIVE_WARM] = Simulation(profile, policies.adaptive, seed, learner=learner, **options)  # type: ignore[arg-type]
     results = {name: sim.run(arrivals) for name, sim in sims.items() if name in include}

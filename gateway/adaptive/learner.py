@@ -179,13 +179,15 @@ class _PoolState:
     tpot_var: float = INITIAL_VAR
     samples: float = 0.0
     last_observed_s: float | None = None
+    segment_seen: dict[str, float] = field(default_factory=dict)  # the clock at each segment's last step
 
 
 class Learner:
     """Mutable learning state of one gateway (or one simulation). Not thread-safe: one owner feeds it."""
 
-    def __init__(self, learning_rate: float = 0.05) -> None:
+    def __init__(self, learning_rate: float = 0.05, forget_s: float | None = None) -> None:
         self.set_learning_rate(learning_rate)
+        self.forget_s = forget_s  # past this long unseen on a pool, a segment's samples there fade (None: never)
         self._pools: dict[str, _PoolState] = {}
         self._lengths: dict[str, deque[int]] = {}
         self._all_lengths: deque[int] = deque(maxlen=LENGTH_WINDOW * 2)
@@ -227,6 +229,13 @@ class Learner:
         floor, cap = self.floor, self.cap
         target = math.log((obs.total_s - ttft) / (obs.output_tokens - 1))
         offset = _cell(state.tpot_offsets, obs.segment)
+        seen = state.segment_seen.get(obs.segment)
+        if seen is not None and self.forget_s and obs.at_s - seen > self.forget_s:
+            # a segment unseen on this pool for longer than forget_s (its traffic went to the other pool): what
+            # its cell knows fades by e per further forget_s, so the observation that brings it back (an
+            # exploration) counts for more than one sample among twenty
+            offset.weight *= math.exp(-(obs.at_s - seen - self.forget_s) / self.forget_s)
+        state.segment_seen[obs.segment] = obs.at_s
         if obs.acceptance_length is not None and obs.acceptance_length >= 1.0:
             log_a = math.log(obs.acceptance_length)
             state.mean_log_acceptance.step(log_a, 1.0, floor, cap)
@@ -401,4 +410,5 @@ def _freeze_pool(state: _PoolState) -> PoolModel:
         samples=state.samples,
         acceptance={k: Offset(c.value, c.weight) for k, c in state.acceptance.items()},
         last_observed_s=state.last_observed_s,
+        segment_seen=dict(state.segment_seen),
     )

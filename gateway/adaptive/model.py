@@ -86,6 +86,7 @@ class PoolModel:
     samples: float  # effective samples (decayed)
     acceptance: Mapping[str, Offset] = field(default_factory=dict)  # mean acceptance length per segment
     last_observed_s: float | None = None  # the learner's clock at the last observation
+    segment_seen: Mapping[str, float] = field(default_factory=dict)  # the clock at each segment's last one
     # derived in __post_init__ (a model is built every model refresh, read by every request)
     has_ttft: bool = field(init=False, default=False)  # a stream was seen: the first token's time is known
     ttft_shift: Mapping[int, float] = field(init=False, default_factory=dict)  # shrunk offsets by prompt bin

@@ -72,7 +72,6 @@ def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: Routing
     preds = predictions(features, snapshot, rules)
     if len(preds) < 2:
         return None
-    objective = features.objective or rules.objective
     slo = _slo_choice(features, preds)
     if slo is not None:
         return Choice(slo.pool, "fastest: slo", preds)
@@ -84,7 +83,7 @@ def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: Routing
     if draw < explore:
         pool = first.pool if share_first >= 0.5 else second.pool
         alternative = other_pool(pool)
-        if _uncertain(snapshot, alternative, preds, config, objective):
+        if _uncertain(snapshot, alternative, preds, config, segment_of(features.task, features.copy)):
             return Choice(alternative, "fastest: explore", preds, explored=True)
         draw = draw / explore
     else:
@@ -105,8 +104,11 @@ def explore_during_warmup(
 
 
 def _uncertain(
-    snapshot: Snapshot, pool: str, preds: tuple[Prediction, ...], config: AdaptiveConfig, objective: str
+    snapshot: Snapshot, pool: str, preds: tuple[Prediction, ...], config: AdaptiveConfig, segment: str
 ) -> bool:  # fmt: skip
+    """Whether ``pool``'s prediction for this request is worth refreshing: few samples behind it, the pool
+    not observed for ``stale_s``, or this request's segment not seen on that pool for ``stale_s`` (traffic of
+    the segment went to the other pool, so what the model believes about it there is getting old)."""
     model = snapshot.model
     assert model is not None
     found = model.pools.get(pool)
@@ -116,7 +118,10 @@ def _uncertain(
     if prediction is None or prediction.samples < config.min_cell_samples:
         return True
     last = found.last_observed_s
-    return last is None or model.built_s - last > config.stale_s
+    if last is None or model.built_s - last > config.stale_s:
+        return True
+    seen = found.segment_seen.get(segment)
+    return seen is not None and model.built_s - seen > config.stale_s
 
 
 def _slo_choice(features: RequestFeatures, preds: tuple[Prediction, ...]) -> Prediction | None:

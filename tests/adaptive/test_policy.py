@@ -165,3 +165,51 @@ def test_fastest_is_rejected_where_a_real_pool_is_needed() -> None:
         parse_rules({"adaptive": {"explore_share": 0.5}})
     with pytest.raises(RulesError, match="objective"):
         parse_rules({"objective": "throughput"})
+
+
+def test_a_segment_unseen_on_a_pool_for_stale_s_is_explored_there_though_the_pool_is_fresh() -> None:
+    learner = Learner(forget_s=RULES.adaptive.stale_s)
+    rng = random.Random(0)
+    models = {}
+    for i in range(400):  # both pools see chat at first; after 100 s only the speculative pool does
+        at = float(i)
+        load = rng.randint(0, 4)
+        learner.observe(Observation(SPECULATIVE, "chat", 100, load, 0.05, 0.05 + 199 * 0.01, 200, at_s=at))
+        segment = "chat" if at < 100 else "code"  # the standard pool stays busy with code: the pool is fresh
+        learner.observe(Observation(STANDARD, segment, 100, load, 0.05, 0.05 + 199 * 0.03, 200, at_s=at))
+        models[i] = learner.model(at)
+    # 150 s: chat last seen on the standard pool 51 s ago; 399 s: 300 s ago, past stale_s (120 s)
+    assert not decide(feats("chat", draw=0.001), snap(models[150]), RULES).explored
+    explored = decide(feats("chat", draw=0.001), snap(models[399]), RULES)
+    assert (explored.pool, explored.reason, explored.explored) == (STANDARD, "fastest: explore", True)
+    assert decide(feats("chat", draw=0.5), snap(models[399]), RULES).pool == SPECULATIVE  # past the share
+    assert models[399].pools[STANDARD].last_observed_s == 399.0  # the pool-level check alone would not explore
+
+
+def test_a_segment_back_on_a_pool_after_a_long_absence_relearns_quickly() -> None:
+    """Its cell's weight fell while unseen, so the first observations after the absence move it further."""
+    offsets = {}
+    for forget in (None, RULES.adaptive.stale_s):
+        learner = Learner(forget_s=forget)
+        for i in range(100):  # chat on the standard pool, 0.03 s per token, for 100 s
+            learner.observe(Observation(STANDARD, "chat", 100, 1, 0.05, 0.05 + 199 * 0.03, 200, at_s=float(i)))
+            learner.observe(Observation(STANDARD, "code", 100, 1, 0.05, 0.05 + 199 * 0.03, 200, at_s=float(i)))
+        for i in range(100, 700):  # then only code for 600 s
+            learner.observe(Observation(STANDARD, "code", 100, 1, 0.05, 0.05 + 199 * 0.03, 200, at_s=float(i)))
+        for i in range(700, 705):  # chat comes back, now twice as fast per token there
+            learner.observe(Observation(STANDARD, "chat", 100, 1, 0.05, 0.05 + 199 * 0.015, 200, at_s=float(i)))
+        offsets[forget] = learner.model(705.0).pools[STANDARD].tpot_offsets["chat"].value
+    # the truth moved chat's offset by log(0.5) = -0.69 against code; remembering all of the old 20 samples
+    # moves it a fifth of the way in 5 observations; fading them (e^-4: 600 s unseen, 480 s past stale_s)
+    # nearly all the way
+    assert offsets[None] > -0.25
+    assert offsets[RULES.adaptive.stale_s] < -0.5
+
+
+def test_a_segment_seen_within_stale_s_keeps_all_its_samples() -> None:
+    learner = Learner(forget_s=RULES.adaptive.stale_s)
+    for i in range(40):
+        learner.observe(Observation(STANDARD, "chat", 100, 1, 0.05, 0.05 + 199 * 0.03, 200, at_s=float(i)))
+    learner.observe(Observation(STANDARD, "code", 100, 1, 0.05, 0.05 + 199 * 0.03, 200, at_s=100.0))
+    learner.observe(Observation(STANDARD, "chat", 100, 1, 0.05, 0.05 + 199 * 0.03, 200, at_s=150.0))  # 111 s gap
+    assert learner.model(150.0).pools[STANDARD].tpot_offsets["chat"].weight == 20.0  # the cap: nothing faded

@@ -45,15 +45,16 @@ def _learn_both(state: GatewayState, direct: Learner, count: int) -> None:
     """The same outcomes through the state's queue and straight into ``direct``."""
     for features, decision, ttft, total, tokens, acceptance in _outcomes(count):
         state.learn(features, decision, ttft, total, tokens, "e2e", acceptance=acceptance)
+        stamped = state._pending[-1].at_s  # the gateway's clock when the request finished (forgetting reads it)
         direct.observe(Observation(
             decision.pool, segment_of(features.task, features.copy), features.prompt_tokens, decision.load,
-            ttft if features.stream else None, total, tokens, acceptance,
+            ttft if features.stream else None, total, tokens, acceptance, at_s=stamped,
         ))  # fmt: skip
 
 
 def test_queued_observations_teach_what_learning_at_once_would() -> None:
     state = _state()
-    direct = Learner(state.learner.floor)
+    direct = Learner(state.learner.floor, state.learner.forget_s)
     _learn_both(state, direct, 500)
     assert state.learner.observations == 0  # queued: nothing learned on the request path
     state.refresh_snapshot()
@@ -79,7 +80,7 @@ def test_a_stream_without_usage_reads_the_acceptance_learned_from_every_earlier_
 
 def test_a_rules_reload_folds_the_queue_in_at_the_old_learning_rate() -> None:
     state = _state()
-    direct = Learner(state.learner.floor)
+    direct = Learner(state.learner.floor, state.learner.forget_s)
     _learn_both(state, direct, 100)
     rules = state.ruleset.rules
     state.apply_rules(rules.model_copy(update={"adaptive": rules.adaptive.model_copy(update={"learning_rate": 0.5})}))

@@ -29,6 +29,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="this tree's gateway against REV's (git archive), alternating, same apparatus; one gateway target",
     )
     overhead.add_argument("--rounds", type=int, default=3, help="with --compare-to: runs per side (default 3)")
+    overhead.add_argument(
+        "--paired",
+        action="store_true",
+        help="with --compare-to: run both gateways at once on the same CPU under the same load (ratios move by a "
+        "few percent between rounds instead of tens; absolute figures are those of two gateways sharing a CPU)",
+    )
     overhead.set_defaults(func=run_overhead)
     soak = bench_sub.add_parser("soak", help="N paced streams for minutes through specgate serve: RSS, fds, loop lag")
     soak.add_argument("--streams", type=int, default=1000, help="concurrent paced streams (default 1000)")
@@ -86,8 +92,12 @@ def run_overhead(args: argparse.Namespace) -> int:
     unknown = sorted(set(targets) - set(known))
     if unknown:
         raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(known)})")
+    if args.paired and not args.compare_to:
+        raise SystemExit("--paired runs this tree's gateway beside another commit's: give --compare-to REV")
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    return overhead.main(targets, concurrency, args.scale, args.json, args.rules, args.compare_to, args.rounds)
+    return overhead.main(
+        targets, concurrency, args.scale, args.json, args.rules, args.compare_to, args.rounds, args.paired
+    )
 
 
 def run_signals(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ import math
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import accumulate
 from types import MappingProxyType
 
 NODES = 12  # load grid: 2**i - 1 for i in 0..11
@@ -106,11 +107,17 @@ def _added_slopes(curve: Curve) -> tuple[float, ...]:
     A wide secant, not the slope at ``L``: two curve points learned close together give a slope that is
     mostly their noise, and this term is multiplied by the load and the output length (the delay the request
     adds to the others, which is what splits traffic between the pools)."""
+    values, top = curve.values, NODES - 1.0
     out = []
-    for i in range(NODES):
+    for i in range(NODES):  # Curve.at inlined (twice per node, every model refresh)
         load = 2.0**i - 1.0
         low, high = load / 2.0, 2.0 * load + 1.0
-        rise = math.exp(curve.at(high)[0]) - math.exp(curve.at(low)[0])
+        ends = []
+        for at in (high, low):
+            u = min(math.log2(1.0 + at), top)
+            j = min(int(u), NODES - 2)
+            ends.append(values[j] + (u - j) * (values[j + 1] - values[j]))
+        rise = math.exp(ends[0]) - math.exp(ends[1])
         out.append(max(rise, 0.0) / (high - low))
     return tuple(out)
 
@@ -124,11 +131,8 @@ class Lengths:
 
     @classmethod
     def of(cls, tokens: list[int]) -> Lengths:
-        ordered = sorted(tokens)
-        prefix = [0]
-        for value in ordered:
-            prefix.append(prefix[-1] + value)
-        return cls(tuple(ordered), tuple(prefix))
+        ordered = tuple(sorted(tokens))
+        return cls(ordered, tuple(accumulate(ordered, initial=0)))
 
     @property
     def count(self) -> int:

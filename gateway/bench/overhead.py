@@ -141,15 +141,20 @@ def proxy_env(target: str, upstream: str) -> dict[str, str]:
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{upstream}/v1/traces"}  # fmt: skip
 
 
-async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
-    """Send ``scenario.requests`` requests with ``concurrency`` workers (one keep-alive connection each)."""
+def scenario_request(scenario: Scenario) -> tuple[str, bytes, dict[str, str]]:
+    """The path, body and headers every request of ``scenario`` sends."""
     body = orjson.dumps(
         {"model": "fake-model", "stream": scenario.stream, "max_tokens": scenario.chunks,
          "messages": [{"role": "user", "content": "Tell me about the sea."}]}
     )  # fmt: skip
     headers = {"content-type": "application/json", "authorization": f"Bearer {BENCH_KEY}",
                "x-fake-chunks": str(scenario.chunks), "x-fake-interval": str(scenario.interval_s)}  # fmt: skip
-    request = client.request("/v1/chat/completions", body, headers)
+    return "/v1/chat/completions", body, headers
+
+
+async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
+    """Send ``scenario.requests`` requests with ``concurrency`` workers (one keep-alive connection each)."""
+    request = client.request(*scenario_request(scenario))
     # Paced streams all end on a tick of the upstream's shared clock: without a stagger and a random pause the
     # workers would send their next requests in lockstep, at the very moment a proxy relays a tick's events.
     stagger = scenario.chunks * scenario.interval_s
@@ -287,11 +292,12 @@ def main(
     rules: Path | None = None,
     compare_to: str | None = None,
     rounds: int = 3,
+    paired: bool = False,
 ) -> int:
     console = Console(width=160)
     plan = scenarios(scale, concurrency)
     if compare_to is not None:
-        return compare(targets, plan, rules, compare_to, rounds, json_out, console)
+        return compare(targets, plan, rules, compare_to, rounds, json_out, console, paired, scale)
     console.print(f"[bold]specgate bench overhead[/]: {len(targets)} targets x {len(plan)} scenarios")
     results = run(targets, plan, console, rules)
     render(results, console)
@@ -308,18 +314,24 @@ def compare(
     rounds: int,
     json_out: Path | None,
     console: Console,
+    paired: bool = False,
+    scale: float = 1.0,
 ) -> int:
     from gateway.bench import overhead_compare
 
     gateways = [t for t in targets if t.startswith("specgate")]
     if len(gateways) != 1:
         raise SystemExit("--compare-to compares one gateway target (e.g. --targets specgate)")
+    how = "both at once (paired)" if paired else "alternating"
     console.print(f"[bold]specgate bench overhead[/]: {gateways[0]} of this tree vs {rev}, {rounds} rounds x "
-                  f"{len(plan)} scenarios each")  # fmt: skip
+                  f"{len(plan)} scenarios each, {how}")  # fmt: skip
     with overhead_compare.exported(rev) as tree, rig() as r:
         sides = {"base": overhead_compare.Side("base", tree), "head": overhead_compare.Side("head", REPO_ROOT)}
-        results = overhead_compare.run_compare(gateways[0], plan, sides, rounds, r, rules, console)
-    overhead_compare.render_compare(results, rev, console)
+        if paired:
+            results = overhead_compare.run_paired(gateways[0], plan, sides, rounds, r, rules, console, scale)
+        else:
+            results = overhead_compare.run_compare(gateways[0], plan, sides, rounds, r, rules, console)
+    overhead_compare.render_compare(results, rev, console, paired)
     if json_out is not None:
         json_out.write_text(json.dumps({k: [asdict(x) for x in v] for k, v in results.items()}, indent=2))
     return 1 if any(x.errors for v in results.values() for x in v) else 0

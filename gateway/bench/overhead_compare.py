@@ -6,35 +6,48 @@ apparatus for both, so only the gateway differs). The other commit is exported w
 temporary directory and its gateway runs with ``PYTHONPATH`` (and the working directory) pointing there; both
 use this interpreter and its packages. Each side's figure per scenario is the median over its rounds; the
 ratio column is head / base of those medians, and the range is that of the rounds' paired ratios.
+
+``--paired`` runs the two gateways at the same time instead, on the same CPU, each driven by the same
+scenario through the same upstream over the same seconds (:func:`run_paired`): whatever the machine does in
+those seconds (a neighbour's job, a slower clock, the cache both share) it does to both, so a round's
+ratio moves by a few percent where the alternating rounds' moved by tens. What it measures is each
+gateway's CPU per request while it shares its CPU with the other one (both are slower than alone: they
+evict each other's caches), so the absolute figures are not those of a gateway alone; the ratio is.
 """
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import subprocess
 import tarfile
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from gateway.bench.cpu import CpuMeter
-from gateway.bench.loadgen import wait_http
+from gateway.bench.cpu import CpuMeter, cpu_seconds
+from gateway.bench.lean_client import LeanClient, Measurement
+from gateway.bench.loadgen import percentile, wait_http
 from gateway.bench.overhead import (
     REPO_ROOT,
+    REQUEST_TIMEOUT_S,
     STARTUP_TIMEOUT_S,
     Result,
     Rig,
     Scenario,
     busy_warnings,
+    drive,
     measure,
     process,
     proxy_command,
     proxy_env,
+    scenario_request,
 )
 from gateway.servers import free_port
 
@@ -90,8 +103,88 @@ def run_compare(
     return results
 
 
-def render_compare(results: dict[str, list[Result]], base_rev: str, console: Console) -> None:
-    table = Table(title=f"gateway CPU per request: this tree (head) vs {base_rev} (base), medians over rounds")
+PAIRED_MIN_S = 3.0  # seconds of load per scenario and round in a paired run (at --scale 1)
+
+
+def paired_seconds(scenario: Scenario, scale: float) -> float:
+    """How long a paired round drives a scenario: long enough for every worker to finish several requests."""
+    per_request = scenario.chunks * scenario.interval_s
+    return max(PAIRED_MIN_S * scale, 4 * per_request, 0.5)
+
+
+def run_paired(
+    target: str,
+    plan: Sequence[Scenario],
+    sides: dict[str, Side],
+    rounds: int,
+    rig: Rig,
+    rules: Path | None,
+    console: Console,
+    scale: float = 1.0,
+) -> dict[str, list[Result]]:
+    """Every scenario through both sides' ``target`` at once, ``rounds`` times; results per side."""
+    results: dict[str, list[Result]] = {label: [] for label in sides}
+    for i in range(rounds):
+        with ExitStack() as stack:
+            urls, pids = {}, {}
+            for label, side in sides.items():
+                port = free_port()
+                env = {**proxy_env(target, rig.upstream), "PYTHONPATH": str(side.tree)}
+                if rules is not None:
+                    env["SPECGATE_RULES_FILE"] = str(rules.resolve())
+                command = proxy_command(target, port, rig.upstream)
+                proc = stack.enter_context(process(command, rig.proxy_cpu, env, cwd=side.tree))
+                urls[label], pids[label] = f"http://127.0.0.1:{port}", proc.pid
+            for url in urls.values():
+                wait_http(f"{url}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
+            for scenario in plan:
+                with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                    measured = runner.run(_paired(scenario, urls, pids, paired_seconds(scenario, scale)))
+                for label, result in measured.items():
+                    results[label].append(result)
+        console.print(f"  round {i + 1}/{rounds}: both sides at once")
+    return results
+
+
+async def _paired(
+    scenario: Scenario, urls: dict[str, str], pids: dict[str, int], seconds: float
+) -> dict[str, Result]:  # fmt: skip
+    clients = {label: LeanClient(url, timeout_s=REQUEST_TIMEOUT_S) for label, url in urls.items()}
+    warmup = Scenario(scenario.name, scenario.stream, scenario.concurrency, scenario.chunks, 0.0,
+                      max(40, scenario.concurrency))  # fmt: skip
+    try:
+        await asyncio.gather(*(drive(client, warmup) for client in clients.values()))
+        runs = {label: Measurement() for label in clients}
+        request = scenario_request(scenario)
+        stagger = scenario.chunks * scenario.interval_s
+        started = {label: cpu_seconds(pid) for label, pid in pids.items()}
+        await asyncio.gather(*(
+            client.run_for(client.request(*request), seconds, scenario.concurrency, runs[label], stagger,
+                           scenario.interval_s)
+            for label, client in clients.items()
+        ))  # fmt: skip
+        spent = {label: cpu_seconds(pid) - started[label] for label, pid in pids.items()}
+    finally:
+        for client in clients.values():
+            client.close()
+    out = {}
+    for label, run in runs.items():
+        done = len(run.latencies)
+        out[label] = Result(
+            target=label, scenario=scenario.name, requests=done + run.errors, errors=run.errors,
+            rps=done / run.wall_s if run.wall_s else 0.0, p50_ms=percentile(run.latencies, 50) * 1e3,
+            p99_ms=percentile(run.latencies, 99) * 1e3, ttfb_p50_ms=percentile(run.ttfbs, 50) * 1e3,
+            ttfb_p99_ms=percentile(run.ttfbs, 99) * 1e3, cpu_ms_per_request=spent[label] * 1e3 / max(1, done),
+            apparatus_busy=None, others_busy=None,
+        )  # fmt: skip
+    return out
+
+
+def render_compare(
+    results: dict[str, list[Result]], base_rev: str, console: Console, paired: bool = False
+) -> None:  # fmt: skip
+    how = "both at once on one CPU (paired)" if paired else "medians over rounds"
+    table = Table(title=f"gateway CPU per request: this tree (head) vs {base_rev} (base), {how}")
     for column in ("scenario", "base ms/req", "head ms/req", "head/base", "round ratios", "base req/s",
                    "head req/s", "errors"):  # fmt: skip
         table.add_column(column, justify="left" if column == "scenario" else "right")
@@ -100,11 +193,11 @@ def render_compare(results: dict[str, list[Result]], base_rev: str, console: Con
         b = [r for r in base if r.scenario == scenario]
         h = [r for r in head if r.scenario == scenario]
         b_cpu, h_cpu = _cpu(b), _cpu(h)
-        paired = [hc / bc for bc, hc in zip(b_cpu, h_cpu, strict=False) if bc > 0]
+        ratios = [hc / bc for bc, hc in zip(b_cpu, h_cpu, strict=False) if bc > 0]
         b_med, h_med = statistics.median(b_cpu), statistics.median(h_cpu)
         table.add_row(
             scenario, f"{b_med:.3f}", f"{h_med:.3f}", f"{h_med / b_med:.2f}",
-            f"{min(paired):.2f}-{max(paired):.2f}" if paired else "",
+            f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "",
             f"{statistics.median(r.rps for r in b):.0f}", f"{statistics.median(r.rps for r in h):.0f}",
             str(sum(r.errors for r in b + h)),
         )  # fmt: skip

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from gateway import cli
 from gateway.bench.overhead import (
     REPO_ROOT,
     Result,
@@ -19,7 +20,7 @@ from gateway.bench.overhead import (
     run,
     scenarios,
 )
-from gateway.bench.overhead_compare import order, render_compare
+from gateway.bench.overhead_compare import PAIRED_MIN_S, order, paired_seconds, render_compare
 from gateway.rules import reference_rules_path
 
 
@@ -103,3 +104,26 @@ def test_compare_runs_this_tree_against_a_revision(tmp_path: Path) -> None:
     saved = json.loads((tmp_path / "out.json").read_text())
     assert set(saved) == {"base", "head"}
     assert all(r["errors"] == 0 and r["cpu_ms_per_request"] > 0 for side in saved.values() for r in side)
+
+
+def test_a_paired_round_drives_every_worker_through_several_requests() -> None:
+    paced = Scenario("paced stream 64x20ms c64", True, 64, 64, 0.02, 256)
+    assert paired_seconds(paced, 1.0) >= 4 * 64 * 0.02  # a stream lasts 1.28 s: several per worker
+    assert paired_seconds(Scenario("non-stream c64", False, 64, 16, 0.0, 3000), 1.0) == PAIRED_MIN_S
+    assert paired_seconds(Scenario("non-stream c1", False, 1, 16, 0.0, 600), 0.01) == 0.5  # a quick run's floor
+
+
+def test_paired_needs_a_revision_to_pair_with() -> None:
+    with pytest.raises(SystemExit, match="--compare-to"):
+        cli.main(["bench", "overhead", "--paired"])
+
+
+@pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="needs the git checkout to export a revision")
+def test_paired_runs_both_gateways_at_once(tmp_path: Path) -> None:
+    code = main(["specgate"], [1], 0.01, tmp_path / "out.json", compare_to="HEAD", rounds=1, paired=True)
+    assert code == 0
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert set(saved) == {"base", "head"}
+    for side in saved.values():
+        assert [r["scenario"] for r in side] == ["non-stream c1", "stream 64 chunks c1"]
+        assert all(r["errors"] == 0 and r["requests"] > 10 and r["cpu_ms_per_request"] > 0 for r in side)

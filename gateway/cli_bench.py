@@ -32,8 +32,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     overhead.add_argument(
         "--paired",
         action="store_true",
-        help="with --compare-to: run both gateways at once on the same CPU under the same load (ratios move by a "
-        "few percent between rounds instead of tens; absolute figures are those of two gateways sharing a CPU)",
+        help="run two gateways at once on the same CPU under the same load: this tree's and --compare-to REV's, "
+        "or (without --compare-to) two gateway targets of this tree, e.g. --targets "
+        "specgate/reference-rules,specgate (ratios move by a few percent between rounds instead of tens; "
+        "absolute figures are those of two gateways sharing a CPU)",
     )
     overhead.set_defaults(func=run_overhead)
     soak = bench_sub.add_parser("soak", help="N paced streams for minutes through specgate serve: RSS, fds, loop lag")
@@ -92,8 +94,6 @@ def run_overhead(args: argparse.Namespace) -> int:
     unknown = sorted(set(targets) - set(known))
     if unknown:
         raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(known)})")
-    if args.paired and not args.compare_to:
-        raise SystemExit("--paired runs this tree's gateway beside another commit's: give --compare-to REV")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     return overhead.main(
         targets, concurrency, args.scale, args.json, args.rules, args.compare_to, args.rounds, args.paired

@@ -14,6 +14,7 @@ under the table says the figures are apparatus-bound.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -296,7 +297,7 @@ def main(
 ) -> int:
     console = Console(width=160)
     plan = scenarios(scale, concurrency)
-    if compare_to is not None:
+    if compare_to is not None or paired:
         return compare(targets, plan, rules, compare_to, rounds, json_out, console, paired, scale)
     console.print(f"[bold]specgate bench overhead[/]: {len(targets)} targets x {len(plan)} scenarios")
     results = run(targets, plan, console, rules)
@@ -310,28 +311,41 @@ def compare(
     targets: Sequence[str],
     plan: Sequence[Scenario],
     rules: Path | None,
-    rev: str,
+    rev: str | None,
     rounds: int,
     json_out: Path | None,
     console: Console,
     paired: bool = False,
     scale: float = 1.0,
 ) -> int:
+    """This tree's gateway target against ``rev``'s, or (``rev`` None, paired) two gateway targets of this
+    tree against each other: the first is the base."""
     from gateway.bench import overhead_compare
 
     gateways = [t for t in targets if t.startswith("specgate")]
-    if len(gateways) != 1:
+    if rev is not None and len(gateways) != 1:
         raise SystemExit("--compare-to compares one gateway target (e.g. --targets specgate)")
+    if rev is None and len(gateways) != 2:
+        raise SystemExit("--paired without --compare-to runs two gateway targets of this tree "
+                         "(e.g. --targets specgate/reference-rules,specgate)")  # fmt: skip
     how = "both at once (paired)" if paired else "alternating"
-    console.print(f"[bold]specgate bench overhead[/]: {gateways[0]} of this tree vs {rev}, {rounds} rounds x "
-                  f"{len(plan)} scenarios each, {how}")  # fmt: skip
-    with overhead_compare.exported(rev) as tree, rig() as r:
-        sides = {"base": overhead_compare.Side("base", tree), "head": overhead_compare.Side("head", REPO_ROOT)}
+    base_name = rev if rev is not None else gateways[0]
+    head_name = "this tree" if rev is not None else gateways[1]
+    what = f"{gateways[0]} of this tree vs {rev}" if rev is not None else f"{gateways[1]} vs {gateways[0]}"
+    console.print(f"[bold]specgate bench overhead[/]: {what}, {rounds} rounds x {len(plan)} scenarios each, {how}")
+    with contextlib.ExitStack() as stack:
+        if rev is not None:
+            tree = stack.enter_context(overhead_compare.exported(rev))
+            sides = {"base": overhead_compare.Side("base", tree), "head": overhead_compare.Side("head", REPO_ROOT)}
+        else:
+            sides = {label: overhead_compare.Side(label, REPO_ROOT, name)
+                     for label, name in zip(("base", "head"), gateways, strict=True)}  # fmt: skip
+        r = stack.enter_context(rig())
         if paired:
             results = overhead_compare.run_paired(gateways[0], plan, sides, rounds, r, rules, console, scale)
         else:
             results = overhead_compare.run_compare(gateways[0], plan, sides, rounds, r, rules, console)
-    overhead_compare.render_compare(results, rev, console, paired)
+    overhead_compare.render_compare(results, base_name, console, paired, head_name)
     if json_out is not None:
         json_out.write_text(json.dumps({k: [asdict(x) for x in v] for k, v in results.items()}, indent=2))
     return 1 if any(x.errors for v in results.values() for x in v) else 0

@@ -56,6 +56,7 @@ from gateway.servers import free_port
 class Side:
     label: str  # "base" or "head"
     tree: Path  # the root whose `gateway` package the proxy imports
+    target: str | None = None  # the gateway target this side runs (None: the one the comparison names)
 
 
 @contextmanager
@@ -122,17 +123,19 @@ def run_paired(
     console: Console,
     scale: float = 1.0,
 ) -> dict[str, list[Result]]:
-    """Every scenario through both sides' ``target`` at once, ``rounds`` times; results per side."""
+    """Every scenario through both sides' gateways at once (each side's ``target``, else ``target``),
+    ``rounds`` times; results per side."""
     results: dict[str, list[Result]] = {label: [] for label in sides}
     for i in range(rounds):
         with ExitStack() as stack:
             urls, pids = {}, {}
             for label, side in sides.items():
                 port = free_port()
-                env = {**proxy_env(target, rig.upstream), "PYTHONPATH": str(side.tree)}
+                name = side.target or target
+                env = {**proxy_env(name, rig.upstream), "PYTHONPATH": str(side.tree)}
                 if rules is not None:
                     env["SPECGATE_RULES_FILE"] = str(rules.resolve())
-                command = proxy_command(target, port, rig.upstream)
+                command = proxy_command(name, port, rig.upstream)
                 proc = stack.enter_context(process(command, rig.proxy_cpu, env, cwd=side.tree))
                 urls[label], pids[label] = f"http://127.0.0.1:{port}", proc.pid
             for url in urls.values():
@@ -181,10 +184,11 @@ async def _paired(
 
 
 def render_compare(
-    results: dict[str, list[Result]], base_rev: str, console: Console, paired: bool = False
+    results: dict[str, list[Result]], base_rev: str, console: Console, paired: bool = False,
+    head_name: str = "this tree",
 ) -> None:  # fmt: skip
     how = "both at once on one CPU (paired)" if paired else "medians over rounds"
-    table = Table(title=f"gateway CPU per request: this tree (head) vs {base_rev} (base), {how}")
+    table = Table(title=f"gateway CPU per request: {head_name} (head) vs {base_rev} (base), {how}")
     for column in ("scenario", "base ms/req", "head ms/req", "head/base", "round ratios", "base req/s",
                    "head req/s", "errors"):  # fmt: skip
         table.add_column(column, justify="left" if column == "scenario" else "right")

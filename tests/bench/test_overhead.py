@@ -113,9 +113,11 @@ def test_a_paired_round_drives_every_worker_through_several_requests() -> None:
     assert paired_seconds(Scenario("non-stream c1", False, 1, 16, 0.0, 600), 0.01) == 0.5  # a quick run's floor
 
 
-def test_paired_needs_a_revision_to_pair_with() -> None:
-    with pytest.raises(SystemExit, match="--compare-to"):
-        cli.main(["bench", "overhead", "--paired"])
+def test_paired_needs_a_revision_or_two_gateway_targets_to_pair() -> None:
+    with pytest.raises(SystemExit, match="two gateway targets"):
+        cli.main(["bench", "overhead", "--paired"])  # every target: more than two gateways
+    with pytest.raises(SystemExit, match="two gateway targets"):
+        cli.main(["bench", "overhead", "--paired", "--targets", "direct,specgate"])
 
 
 @pytest.mark.skipif(not (REPO_ROOT / ".git").exists(), reason="needs the git checkout to export a revision")
@@ -127,3 +129,11 @@ def test_paired_runs_both_gateways_at_once(tmp_path: Path) -> None:
     for side in saved.values():
         assert [r["scenario"] for r in side] == ["non-stream c1", "stream 64 chunks c1"]
         assert all(r["errors"] == 0 and r["requests"] > 10 and r["cpu_ms_per_request"] > 0 for r in side)
+
+
+def test_paired_runs_two_targets_of_this_tree_at_once(tmp_path: Path) -> None:
+    targets = ["specgate/reference-rules", "specgate"]
+    code = main(targets, [1], 0.01, tmp_path / "out.json", rounds=1, paired=True)
+    assert code == 0
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert all(r["errors"] == 0 and r["requests"] > 10 for side in saved.values() for r in side)

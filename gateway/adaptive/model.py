@@ -72,6 +72,9 @@ class Offset:
 
 
 _NO_OFFSET = Offset(0.0, 0.0)
+_NO_SHIFT = (0.0, 1.0, 0.0, SHRINK)  # a segment the pool has no offset for: PoolModel.tpot_shift's default
+_TOP = NODES - 1.0
+_BIN1, _BIN2, _BIN3 = PROMPT_BINS  # prompt_bin, inlined in LatencyModel.predict
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +94,15 @@ class PoolModel:
     # derived in __post_init__ (a model is built every model refresh, read by every request)
     has_ttft: bool = field(init=False, default=False)  # a stream was seen: the first token's time is known
     ttft_shift: Mapping[int, float] = field(init=False, default_factory=dict)  # shrunk offsets by prompt bin
+    # per segment: (shrunk offset, its exp, its weight, the weight + SHRINK)
+    tpot_shift: Mapping[str, tuple[float, float, float, float]] = field(init=False, default_factory=dict)
     added_slope: tuple[float, ...] = field(init=False, default=())  # per node: see _added_slopes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "has_ttft", any(self.ttft.weights))
         object.__setattr__(self, "ttft_shift", {k: o.shrunk for k, o in self.ttft_offsets.items()})
+        shifts = {k: (o.shrunk, math.exp(o.shrunk), o.weight, o.weight + SHRINK) for k, o in self.tpot_offsets.items()}
+        object.__setattr__(self, "tpot_shift", shifts)
         object.__setattr__(self, "added_slope", _added_slopes(self.tpot))
 
 
@@ -207,36 +214,42 @@ class LatencyModel:
         if found is None:
             return None
         expected, token_samples = tokens if tokens is not None else self.expected_tokens(segment, max_tokens)
-        # load_position and Curve.at_position, inlined for the three curves read at one position: the calls
-        # cost ~2 us of a ~4-7 us prediction, made twice per request
-        u = min(math.log2(1.0 + load), NODES - 1.0) if load > 0 else 0.0
-        i = min(int(u), NODES - 2)
+        # load_position and Curve.at_position inlined for the curves read at one position, the segment's
+        # shift precomputed per model, conditionals for min(): this runs twice per request (~4-6 us each)
+        if load > 0:
+            u = math.log2(1.0 + load)
+            if u > _TOP:
+                u = _TOP
+        else:
+            u = 0.0
+        i = int(u)
+        if i > NODES - 2:
+            i = NODES - 2
         f = u - i
         g = 1.0 - f
-        seg = found.tpot_offsets.get(segment, _NO_OFFSET)
-        shift = seg.shrunk
-        tpot_curve = found.tpot
-        tpot_log = tpot_curve.values[i] * g + tpot_curve.values[i + 1] * f + shift
-        tpot_w = tpot_curve.weights[i] * g + tpot_curve.weights[i + 1] * f
-        tpot = math.exp(tpot_log)
+        shift, exp_shift, seg_weight, seg_cap = found.tpot_shift.get(segment, _NO_SHIFT)
+        tpot_values, tpot_weights = found.tpot.values, found.tpot.weights
+        tpot = math.exp(tpot_values[i] * g + tpot_values[i + 1] * f + shift)
+        tpot_w = tpot_weights[i] * g + tpot_weights[i + 1] * f
         if found.has_ttft:
             ttft_curve = found.ttft
             ttft_w = ttft_curve.weights[i] * g + ttft_curve.weights[i + 1] * f
             ttft_log = ttft_curve.values[i] * g + ttft_curve.values[i + 1] * f
-            ttft = math.exp(ttft_log + found.ttft_shift.get(prompt_bin(prompt_tokens), 0.0))
+            prompt = 0 if prompt_tokens < _BIN1 else 1 if prompt_tokens < _BIN2 else 2 if prompt_tokens < _BIN3 else 3
+            ttft = math.exp(ttft_log + found.ttft_shift.get(prompt, 0.0))
         else:  # no stream seen: the whole time is in the per-token part
             ttft, ttft_w = 0.0, 0.0
-        e2e = ttft + max(expected - 1.0, 1.0) * tpot
+        e2e = ttft + (expected - 1.0 if expected > 2.0 else 1.0) * tpot
         if objective == "ttft":
             value, var, weight = ttft, found.ttft_var, ttft_w
             cost, samples = ttft, ttft_w
         else:
             value, var = e2e, found.tpot_var + found.ttft_var / 4
-            weight = min(tpot_w, seg.weight + SHRINK)
+            weight = tpot_w if tpot_w < seg_cap else seg_cap
             # the others on the pool each run about `expected` steps slower by what one more request adds
             slopes = found.added_slope
             slope = slopes[i] * g + slopes[i + 1] * f
-            cost = e2e + slope * math.exp(shift) * expected * load * externality
-            samples = min(tpot_w, seg.weight, token_samples)
+            cost = e2e + slope * exp_shift * expected * load * externality
+            samples = min(tpot_w, seg_weight, token_samples)
         sigma = math.sqrt(var * (1.0 / (weight + 1.0) + 1.0 / (found.samples + 1.0)))
         return Prediction(pool, ttft, e2e, tpot, expected, load, value, sigma, samples, cost)

@@ -61,7 +61,14 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
 
 def is_warm(snapshot: Snapshot, config: AdaptiveConfig) -> bool:
     model = snapshot.model
-    return model is not None and all(model.samples(name) >= config.min_samples for name in POOL_NAMES)
+    if model is None:
+        return False
+    pools, least = model.pools, config.min_samples
+    for name in POOL_NAMES:  # a loop, not all(genexpr): once per request
+        found = pools.get(name)
+        if found is None or found.samples < least:
+            return False
+    return True
 
 
 def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> Choice | None:
@@ -72,9 +79,10 @@ def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: Routing
     preds = predictions(features, snapshot, rules)
     if len(preds) < 2:
         return None
-    slo = _slo_choice(features, preds)
-    if slo is not None:
-        return Choice(slo.pool, "fastest: slo", preds)
+    if features.slo_ttft_ms or features.slo_e2e_ms:
+        slo = _slo_choice(features, preds)
+        if slo is not None:
+            return Choice(slo.pool, "fastest: slo", preds)
     first, second = preds
     gap = (second.cost_s - first.cost_s) / max(first.cost_s + second.cost_s, 1e-9)
     share_first = _sigmoid(gap / config.split_temperature)

@@ -11,7 +11,8 @@ import pytest
 from backends.emulator.profiles import load_profile
 from backends.emulator.timing import TimingModel, expected_tokens_per_step
 from gateway.adaptive.learner import Learner, Observation
-from gateway.adaptive.model import LatencyModel, Lengths, load_position
+from gateway.adaptive.model import NODES, LatencyModel, Lengths, Offset, load_position, prompt_bin
+from gateway.snapshot import POOL_NAMES
 
 PROFILE = load_profile("a100-70b-draft")
 SEGMENTS = {"code/copy": 0.85, "chat": 0.55}  # per-token acceptance of each segment
@@ -199,3 +200,44 @@ def test_a_pool_whose_speed_does_not_depend_on_load_adds_no_delay_to_others() ->
             assert prediction is not None
             worst = max(worst, prediction.cost_s / prediction.e2e_s - 1)
     assert worst < 0.08
+
+
+def _readable_prediction(model: LatencyModel, pool: str, segment: str, prompt: int, max_tokens: int, load: float,
+                         objective: str) -> tuple[float, float, float, float, float]:  # fmt: skip
+    """``LatencyModel.predict`` written as docs/adaptive.md states it, without the inlining."""
+    found = model.pools[pool]
+    expected, token_samples = model.expected_tokens(segment, max_tokens)
+    seg = found.tpot_offsets.get(segment, Offset(0.0, 0.0))
+    u = load_position(load)
+    tpot_log, tpot_w = found.tpot.at_position(u)
+    tpot = math.exp(tpot_log + seg.shrunk)
+    ttft_log, ttft_w = found.ttft.at_position(u)
+    shift = found.ttft_offsets[prompt_bin(prompt)].shrunk if prompt_bin(prompt) in found.ttft_offsets else 0.0
+    ttft = math.exp(ttft_log + shift) if any(found.ttft.weights) else 0.0
+    e2e = ttft + max(expected - 1.0, 1.0) * tpot
+    if objective == "ttft":
+        return ttft, e2e, tpot, ttft, ttft_w
+    node = min(int(u), NODES - 2)
+    slope = found.added_slope[node] * (1 - (u - node)) + found.added_slope[node + 1] * (u - node)
+    cost = e2e + slope * math.exp(seg.shrunk) * expected * load
+    return ttft, e2e, tpot, cost, min(tpot_w, seg.weight, token_samples)
+
+
+def test_the_inlined_prediction_is_the_readable_one() -> None:
+    rng = random.Random(3)
+    learner = Learner()
+    for obs in observations(rng, 600):
+        obs.prompt_tokens = rng.choice([10, 300, 1000, 4000])  # every prompt bin learns its own offset
+        learner.observe(obs)
+    model = learner.model()
+    assert all(len(pool.ttft_offsets) == 4 and pool.has_ttft for pool in model.pools.values())
+    segments = [*model.pools["standard"].tpot_offsets, "never-seen"]
+    for _ in range(400):
+        pool, segment = rng.choice(POOL_NAMES), rng.choice(segments)
+        prompt = rng.choice([0, 127, 128, 511, 512, 2047, 2048, 9000])
+        load, max_tokens, objective = rng.choice([0.0, 0.4, 3.0, 17.5, 300.0, 5000.0]), rng.randint(1, 600), rng.choice(
+            ["e2e", "ttft"])  # fmt: skip
+        got = model.predict(pool, segment, prompt, max_tokens, load, objective)
+        assert got is not None
+        want = _readable_prediction(model, pool, segment, prompt, max_tokens, load, objective)
+        assert (got.ttft_s, got.e2e_s, got.tpot_s, got.cost_s, got.samples) == pytest.approx(want, rel=1e-12)

@@ -46,6 +46,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     soak.add_argument("--pace", type=float, default=0.05, help="seconds between a stream's events (default 0.05)")
     soak.add_argument("--sample", type=float, default=5.0, help="seconds between samples (default 5)")
     soak.add_argument("--warmup", type=float, default=60.0, help="RSS growth counts from here (default 60 s)")
+    soak.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="let the gateway, the load generator and the upstream share every CPU (default: the gateway alone on "
+        "the first CPU, the others for the apparatus, as bench overhead does)",
+    )
     soak.add_argument("--plot", type=Path, default=Path("soak.png"), help="where to save the plot")
     soak.add_argument("--json", type=Path, help="also write the samples and results as JSON")
     soak.set_defaults(func=run_soak)
@@ -152,7 +158,7 @@ def run_soak(args: argparse.Namespace) -> int:
 
     config = soak.SoakConfig(
         streams=args.streams, duration_s=args.duration, direct_s=args.direct, chunks=args.chunks,
-        pace_s=args.pace, sample_s=args.sample, warmup_s=args.warmup,
+        pace_s=args.pace, sample_s=args.sample, warmup_s=args.warmup, pin=not args.no_pin,
     )  # fmt: skip
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # samples show as they come, also into a log file

@@ -49,6 +49,7 @@ class SoakConfig:
     sample_s: float = 5.0
     warmup_s: float = 60.0  # RSS growth is measured from the first sample at or after this
     request_timeout_s: float = 60.0
+    pin: bool = True  # the gateway on the first CPU, the load generator and the upstream on the others
 
     @property
     def ramp_s(self) -> float:
@@ -161,9 +162,9 @@ class CpuSampler:
     load generator, and the upstream; each is one thread) as shares of one core, and the whole machine's busy
     share (other processes included)."""
 
-    def __init__(self, upstream_pid: int, gateway_pid: int | None) -> None:
+    def __init__(self, upstream_pid: int, gateway_pid: int | None, cpus: set[int] | None = None) -> None:
         self.upstream_pid, self.gateway_pid = upstream_pid, gateway_pid
-        self.cpus = os.sched_getaffinity(0)
+        self.cpus = cpus if cpus is not None else os.sched_getaffinity(0)
         self._last = self._read()
 
     def _read(self) -> tuple[float, float, tuple[float, float], tuple[int, int]]:
@@ -239,7 +240,7 @@ def _line(s: Sample) -> str:
 
 
 async def _phase(target: str, url: str, duration_s: float, config: SoakConfig, pid: int | None,
-                 upstream_pid: int, console: Console) -> Phase:  # fmt: skip
+                 upstream_pid: int, console: Console, cpus: set[int] | None = None) -> Phase:  # fmt: skip
     body = orjson.dumps({"model": "fake-model", "stream": True, "max_tokens": config.chunks,
                          "messages": [{"role": "user", "content": "Tell me about the sea."}]})  # fmt: skip
     headers = {"content-type": "application/json", "x-fake-chunks": str(config.chunks),
@@ -247,7 +248,7 @@ async def _phase(target: str, url: str, duration_s: float, config: SoakConfig, p
     client = LeanClient(url, timeout_s=config.request_timeout_s)
     request = client.request("/v1/chat/completions", body, headers)
     result = Measurement()
-    sampler = Sampler(config, result, url, pid, CpuSampler(upstream_pid, pid))
+    sampler = Sampler(config, result, url, pid, CpuSampler(upstream_pid, pid, cpus))
     started = time.perf_counter()
     sampling = asyncio.create_task(sampler.run(started, console))
     try:
@@ -270,26 +271,50 @@ async def _phase(target: str, url: str, duration_s: float, config: SoakConfig, p
 
 
 def phase(target: str, url: str, duration_s: float, config: SoakConfig, pid: int | None, upstream_pid: int,
-          console: Console) -> Phase:  # fmt: skip
+          console: Console, cpus: set[int] | None = None) -> Phase:  # fmt: skip
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_phase(target, url, duration_s, config, pid, upstream_pid, console))
+        return runner.run(_phase(target, url, duration_s, config, pid, upstream_pid, console, cpus))
+
+
+def cpu_split(cpus: set[int], pin: bool) -> tuple[set[int] | None, set[int] | None]:
+    """(the gateway's CPUs, the apparatus's) when pinning: the first CPU, and the others; (None, None) when
+    not pinning or with one CPU (everything shares it)."""
+    ordered = sorted(cpus)
+    if not pin or len(ordered) < 2:
+        return None, None
+    return {ordered[0]}, set(ordered[1:])
 
 
 def run(config: SoakConfig, console: Console) -> SoakResult:
+    """Both phases. Pinned (the default), the gateway runs alone on one CPU and the apparatus (this load
+    generator and the upstream) on the others, as in ``specgate bench overhead``: unpinned on a small
+    machine, the apparatus's bursts (every stream's next event leaves the upstream on the same tick) land
+    on the gateway's core at the moment it has a burst of its own to relay."""
     raise_fd_limit()
+    everything = os.sched_getaffinity(0)
+    gateway_cpu, rest = cpu_split(everything, config.pin)
     upstream_port = free_port()
     upstream = f"http://127.0.0.1:{upstream_port}"
     upstream_cmd = [sys.executable, "-m", "gateway.bench.lean_upstream", "--port", str(upstream_port)]
-    with process(upstream_cmd, None) as upstream_proc:
-        wait_http(upstream + "/health", timeout_s=STARTUP_TIMEOUT_S)
-        console.print(f"[bold]direct[/] ({config.direct_s:.0f} s)")
-        direct = phase("direct", upstream, config.direct_s, config, None, upstream_proc.pid, console)
-        port = free_port()
-        with process(proxy_command("specgate", port, upstream), None) as gateway:
-            url = f"http://127.0.0.1:{port}"
-            wait_http(url + "/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
-            console.print(f"[bold]specgate[/] ({config.duration_s:.0f} s, gateway pid {gateway.pid})")
-            through = phase("specgate", url, config.duration_s, config, gateway.pid, upstream_proc.pid, console)
+    if gateway_cpu is not None and rest is not None:
+        console.print(f"pinned: the gateway on CPU {min(gateway_cpu)}, the load generator and the upstream on CPUs "
+                      f"{','.join(map(str, sorted(rest)))} (--no-pin to share them)")  # fmt: skip
+    try:
+        if rest is not None:
+            os.sched_setaffinity(0, rest)
+        with process(upstream_cmd, rest) as upstream_proc:
+            wait_http(upstream + "/health", timeout_s=STARTUP_TIMEOUT_S)
+            console.print(f"[bold]direct[/] ({config.direct_s:.0f} s)")
+            direct = phase("direct", upstream, config.direct_s, config, None, upstream_proc.pid, console, everything)
+            port = free_port()
+            with process(proxy_command("specgate", port, upstream), gateway_cpu) as gateway:
+                url = f"http://127.0.0.1:{port}"
+                wait_http(url + "/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
+                console.print(f"[bold]specgate[/] ({config.duration_s:.0f} s, gateway pid {gateway.pid})")
+                through = phase("specgate", url, config.duration_s, config, gateway.pid, upstream_proc.pid, console,
+                                everything)  # fmt: skip
+    finally:
+        os.sched_setaffinity(0, everything)
     return SoakResult(config, direct, through)
 
 

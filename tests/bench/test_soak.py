@@ -76,3 +76,9 @@ def test_the_report_says_whose_cpu_limited_the_run(gateway_cpu: float, machine: 
     assert f"gateway {gateway_cpu:.0%} of a core" in lines[0] and f"machine {machine:.0%} busy" in lines[0]
     verdict = [line for line in lines[1:] if "[yellow]" in line]
     assert (verdict[0].split("[/]")[0].removeprefix("[yellow]") if verdict else None) == says
+
+
+def test_pinning_gives_the_gateway_the_first_cpu_and_the_apparatus_the_rest() -> None:
+    assert soak.cpu_split({3, 1, 2}, pin=True) == ({1}, {2, 3})
+    assert soak.cpu_split({0}, pin=True) == (None, None)  # one CPU: everything shares it
+    assert soak.cpu_split({0, 1}, pin=False) == (None, None)

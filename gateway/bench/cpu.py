@@ -111,3 +111,12 @@ class CpuMeter:
             apparatus_busy=apparatus_s / (window * len(self.layout.apparatus_cpus)) if window >= MIN_WINDOW_S else None,
             others_busy=max(others) if others else None,
         )
+
+
+def proxy_split(cpus: Collection[int]) -> tuple[set[int] | None, set[int] | None]:
+    """(the proxy's CPUs, the apparatus's): the first CPU, and the others; (None, None) with one CPU
+    (everything shares it). ``bench overhead`` and ``bench soak`` lay their processes out by this."""
+    ordered = sorted(cpus)
+    if len(ordered) < 2:
+        return None, None
+    return {ordered[0]}, set(ordered[1:])

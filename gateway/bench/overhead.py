@@ -29,7 +29,7 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from gateway.bench.cpu import CpuMeter, Layout
+from gateway.bench.cpu import CpuMeter, Layout, proxy_split
 from gateway.bench.lean_client import LeanClient, Measurement
 from gateway.bench.loadgen import percentile, wait_http
 from gateway.rules import reference_rules_path
@@ -162,25 +162,38 @@ async def drive(client: LeanClient, scenario: Scenario) -> Measurement:
     return await client.run(request, scenario.requests, scenario.concurrency, stagger, scenario.interval_s)
 
 
-async def _measure(target: str, url: str, meter: CpuMeter, scenario: Scenario) -> Result:
-    warmup = Scenario(scenario.name, scenario.stream, scenario.concurrency, scenario.chunks, 0.0,
-                      max(40, scenario.concurrency))  # fmt: skip
-    client = LeanClient(url, timeout_s=REQUEST_TIMEOUT_S)
-    try:
-        await drive(client, warmup)  # also opens every connection the scenario will use
-        meter.start()
-        run = await drive(client, scenario)
-        cpu = meter.stop()
-    finally:
-        client.close()
+def warmup_of(scenario: Scenario) -> Scenario:
+    """A few unpaced requests of ``scenario``'s shape before it is measured; they also open every connection
+    the scenario will use."""
+    return Scenario(scenario.name, scenario.stream, scenario.concurrency, scenario.chunks, 0.0,
+                    max(40, scenario.concurrency))  # fmt: skip
+
+
+def result_of(
+    target: str, scenario: Scenario, run: Measurement, proxy_s: float | None, apparatus_busy: float | None = None,
+    others_busy: float | None = None,
+) -> Result:  # fmt: skip
+    """One measured run as a :class:`Result`; ``proxy_s``: the proxy's CPU seconds over it (None: no proxy)."""
     done = len(run.latencies)
     return Result(
         target=target, scenario=scenario.name, requests=done + run.errors, errors=run.errors,
         rps=done / run.wall_s, p50_ms=percentile(run.latencies, 50) * 1e3, p99_ms=percentile(run.latencies, 99) * 1e3,
         ttfb_p50_ms=percentile(run.ttfbs, 50) * 1e3, ttfb_p99_ms=percentile(run.ttfbs, 99) * 1e3,
-        cpu_ms_per_request=None if cpu.proxy_s is None else cpu.proxy_s * 1e3 / max(1, done),
-        apparatus_busy=cpu.apparatus_busy, others_busy=cpu.others_busy,
+        cpu_ms_per_request=None if proxy_s is None else proxy_s * 1e3 / max(1, done),
+        apparatus_busy=apparatus_busy, others_busy=others_busy,
     )  # fmt: skip
+
+
+async def _measure(target: str, url: str, meter: CpuMeter, scenario: Scenario) -> Result:
+    client = LeanClient(url, timeout_s=REQUEST_TIMEOUT_S)
+    try:
+        await drive(client, warmup_of(scenario))
+        meter.start()
+        run = await drive(client, scenario)
+        cpu = meter.stop()
+    finally:
+        client.close()
+    return result_of(target, scenario, run, cpu.proxy_s, cpu.apparatus_busy, cpu.others_busy)
 
 
 def measure(target: str, url: str, meter: CpuMeter, scenario: Scenario) -> Result:
@@ -203,8 +216,7 @@ class Rig:
 def rig() -> Iterator[Rig]:
     """Pins this process (the load generator) and the fake upstream away from the proxies' CPU."""
     cpus = sorted(os.sched_getaffinity(0))
-    proxy_cpu = {cpus[0]} if len(cpus) > 1 else None
-    rest = set(cpus[1:]) if len(cpus) > 1 else None
+    proxy_cpu, rest = proxy_split(cpus)
     if rest:
         os.sched_setaffinity(0, rest)
     everything = frozenset(cpus)

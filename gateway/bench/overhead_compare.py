@@ -33,7 +33,7 @@ from rich.table import Table
 
 from gateway.bench.cpu import CpuMeter, cpu_seconds
 from gateway.bench.lean_client import LeanClient, Measurement
-from gateway.bench.loadgen import percentile, wait_http
+from gateway.bench.loadgen import wait_http
 from gateway.bench.overhead import (
     REPO_ROOT,
     REQUEST_TIMEOUT_S,
@@ -47,7 +47,9 @@ from gateway.bench.overhead import (
     process,
     proxy_command,
     proxy_env,
+    result_of,
     scenario_request,
+    warmup_of,
 )
 from gateway.servers import free_port
 
@@ -91,17 +93,25 @@ def run_compare(
     """Every scenario through ``target`` of each side, ``rounds`` times, alternating; results per side."""
     results: dict[str, list[Result]] = {label: [] for label in sides}
     for i, label in enumerate(order(rounds)):
-        side = sides[label]
-        port = free_port()
-        env = {**proxy_env(target, rig.upstream), "PYTHONPATH": str(side.tree)}
-        if rules is not None:
-            env["SPECGATE_RULES_FILE"] = str(rules.resolve())
-        with process(proxy_command(target, port, rig.upstream), rig.proxy_cpu, env, cwd=side.tree) as proc:
-            wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
-            meter = CpuMeter(rig.layout, rig.upstream_pid, proc.pid)
-            results[label] += [measure(label, f"http://127.0.0.1:{port}", meter, s) for s in plan]
+        with gateway(sides[label], target, rig, rules) as (url, pid):
+            meter = CpuMeter(rig.layout, rig.upstream_pid, pid)
+            results[label] += [measure(label, url, meter, s) for s in plan]
         console.print(f"  run {i + 1}/{2 * rounds}: {label}")
     return results
+
+
+@contextmanager
+def gateway(side: Side, target: str, rig: Rig, rules: Path | None) -> Iterator[tuple[str, int]]:
+    """``side``'s gateway (its own ``target``, else ``target``) on the proxy CPU, ready: (URL, pid)."""
+    name = side.target or target
+    port = free_port()
+    env = {**proxy_env(name, rig.upstream), "PYTHONPATH": str(side.tree)}
+    if rules is not None:
+        env["SPECGATE_RULES_FILE"] = str(rules.resolve())
+    with process(proxy_command(name, port, rig.upstream), rig.proxy_cpu, env, cwd=side.tree) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
+        yield url, proc.pid
 
 
 PAIRED_MIN_S = 3.0  # seconds of load per scenario and round in a paired run (at --scale 1)
@@ -130,16 +140,7 @@ def run_paired(
         with ExitStack() as stack:
             urls, pids = {}, {}
             for label, side in sides.items():
-                port = free_port()
-                name = side.target or target
-                env = {**proxy_env(name, rig.upstream), "PYTHONPATH": str(side.tree)}
-                if rules is not None:
-                    env["SPECGATE_RULES_FILE"] = str(rules.resolve())
-                command = proxy_command(name, port, rig.upstream)
-                proc = stack.enter_context(process(command, rig.proxy_cpu, env, cwd=side.tree))
-                urls[label], pids[label] = f"http://127.0.0.1:{port}", proc.pid
-            for url in urls.values():
-                wait_http(f"{url}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
+                urls[label], pids[label] = stack.enter_context(gateway(side, target, rig, rules))
             for scenario in plan:
                 with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
                     measured = runner.run(_paired(scenario, urls, pids, paired_seconds(scenario, scale)))
@@ -153,8 +154,7 @@ async def _paired(
     scenario: Scenario, urls: dict[str, str], pids: dict[str, int], seconds: float
 ) -> dict[str, Result]:  # fmt: skip
     clients = {label: LeanClient(url, timeout_s=REQUEST_TIMEOUT_S) for label, url in urls.items()}
-    warmup = Scenario(scenario.name, scenario.stream, scenario.concurrency, scenario.chunks, 0.0,
-                      max(40, scenario.concurrency))  # fmt: skip
+    warmup = warmup_of(scenario)
     try:
         await asyncio.gather(*(drive(client, warmup) for client in clients.values()))
         runs = {label: Measurement() for label in clients}
@@ -170,17 +170,7 @@ async def _paired(
     finally:
         for client in clients.values():
             client.close()
-    out = {}
-    for label, run in runs.items():
-        done = len(run.latencies)
-        out[label] = Result(
-            target=label, scenario=scenario.name, requests=done + run.errors, errors=run.errors,
-            rps=done / run.wall_s if run.wall_s else 0.0, p50_ms=percentile(run.latencies, 50) * 1e3,
-            p99_ms=percentile(run.latencies, 99) * 1e3, ttfb_p50_ms=percentile(run.ttfbs, 50) * 1e3,
-            ttfb_p99_ms=percentile(run.ttfbs, 99) * 1e3, cpu_ms_per_request=spent[label] * 1e3 / max(1, done),
-            apparatus_busy=None, others_busy=None,
-        )  # fmt: skip
-    return out
+    return {label: result_of(label, scenario, run, spent[label]) for label, run in runs.items()}
 
 
 def render_compare(

@@ -29,7 +29,7 @@ import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from gateway.bench.cpu import cpu_seconds, cpu_ticks
+from gateway.bench.cpu import cpu_seconds, cpu_ticks, proxy_split
 from gateway.bench.lean_client import LeanClient, Measurement
 from gateway.bench.loadgen import percentile, wait_http
 from gateway.bench.overhead import STARTUP_TIMEOUT_S, process, proxy_command
@@ -279,10 +279,7 @@ def phase(target: str, url: str, duration_s: float, config: SoakConfig, pid: int
 def cpu_split(cpus: set[int], pin: bool) -> tuple[set[int] | None, set[int] | None]:
     """(the gateway's CPUs, the apparatus's) when pinning: the first CPU, and the others; (None, None) when
     not pinning or with one CPU (everything shares it)."""
-    ordered = sorted(cpus)
-    if not pin or len(ordered) < 2:
-        return None, None
-    return {ordered[0]}, set(ordered[1:])
+    return proxy_split(cpus) if pin else (None, None)
 
 
 def run(config: SoakConfig, console: Console) -> SoakResult:

@@ -114,14 +114,14 @@ def _added_slopes(curve: Curve) -> tuple[float, ...]:
     A wide secant, not the slope at ``L``: two curve points learned close together give a slope that is
     mostly their noise, and this term is multiplied by the load and the output length (the delay the request
     adds to the others, which is what splits traffic between the pools)."""
-    values, top = curve.values, NODES - 1.0
+    values = curve.values
     out = []
     for i in range(NODES):  # Curve.at inlined (twice per node, every model refresh)
         load = 2.0**i - 1.0
         low, high = load / 2.0, 2.0 * load + 1.0
         ends = []
         for at in (high, low):
-            u = min(math.log2(1.0 + at), top)
+            u = min(math.log2(1.0 + at), _TOP)
             j = min(int(u), NODES - 2)
             ends.append(values[j] + (u - j) * (values[j + 1] - values[j]))
         rise = math.exp(ends[0]) - math.exp(ends[1])

@@ -157,7 +157,8 @@ class GatewayState:
         routed by checked against what happened.
 
         ``counted`` is False when a stream carried no usage and ``tokens`` counts its events: vLLM sends one
-        event per engine step, and a speculative step emits the pool's mean acceptance length in tokens.
+        event per engine step, and a speculative step emits the pool's mean acceptance length in tokens: the
+        one the model learned as of the last refresh (what decisions read too), else the engine's.
 
         Past ``learn_max_per_s`` (the queue holds a snapshot interval's share) the request is counted in
         ``specgate_unlearned_requests_total`` and nothing else is done: at thousands of requests a second
@@ -170,11 +171,11 @@ class GatewayState:
             return
         segment = segment_of(features.task, features.copy)
         first = ttft if features.stream else None  # a whole reply's first byte is its last
-        if not counted:
-            self.flush_observations()  # the learned acceptance as of this request, as when learning at once
+        if not counted:  # the acceptance learned as of the last refresh: no fold-in on the request path
+            model = self.snapshot.model
             per_event = (
                 acceptance
-                or self.learner.acceptance_length(decision.pool, segment)
+                or (model.acceptance_length(decision.pool, segment) if model is not None else None)
                 or self.snapshot.pool(decision.pool).acceptance_length
                 or 1.0
             )

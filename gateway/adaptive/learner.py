@@ -247,12 +247,6 @@ class Learner:
             error = _fit(state.tpot, offset, u, target, floor, cap)
         state.tpot_var += floor * (error * error - state.tpot_var)
 
-    def acceptance_length(self, pool: str, segment: str) -> float | None:
-        """The mean acceptance length learned for a segment on a pool (from vLLM's per-request metrics)."""
-        state = self._pools.get(pool)
-        cell = state.acceptance.get(segment) if state is not None else None
-        return cell.value if cell is not None and cell.weight >= 3 else None
-
     def _remember_length(self, segment: str, tokens: int) -> None:
         if tokens <= 0:
             return

@@ -195,6 +195,13 @@ class LatencyModel:
         found = self.pools.get(pool)
         return found.samples if found is not None else 0.0
 
+    def acceptance_length(self, pool: str, segment: str) -> float | None:
+        """The mean acceptance length learned for a segment on a pool (from vLLM's per-request metrics), once
+        three or more requests taught it."""
+        found = self.pools.get(pool)
+        offset = found.acceptance.get(segment) if found is not None else None
+        return offset.value if offset is not None and offset.weight >= 3 else None
+
     def expected_tokens(self, segment: str, max_tokens: int) -> tuple[float, float]:
         """Expected output tokens and the sample count behind it (max_tokens / 2 when nothing is known)."""
         lengths = self.lengths.get(segment)

@@ -63,19 +63,40 @@ def test_queued_observations_teach_what_learning_at_once_would() -> None:
     assert state.snapshot.model is not None and state.snapshot.model.version == 500
 
 
-def test_a_stream_without_usage_reads_the_acceptance_learned_from_every_earlier_request() -> None:
+def test_a_stream_without_usage_counts_its_events_with_the_acceptance_of_the_last_refresh() -> None:
     state = _state()
     for features, decision, ttft, total, tokens, acceptance in _outcomes(200):
         state.learn(features, decision, ttft, total, tokens, "e2e", acceptance=acceptance)
-    learned = None
-    for segment in ("chat", "code/copy", "summarize"):
-        learned = learned or state.learner.acceptance_length("speculative", segment)
-    assert learned is None  # still queued
-    features, decision, *_ = _outcomes(1)[0]
-    state.learn(features, decision, 0.05, 1.0, 10, "e2e", counted=False)
-    assert state.learner.observations == 200  # the queue was folded in before reading the learned acceptance
     state.refresh_snapshot()
-    assert state.learner.observations == 201
+    model = state.snapshot.model
+    assert model is not None
+    segment, learned = next(
+        (seg, a) for seg in ("chat", "code/copy", "summarize")
+        if (a := model.acceptance_length("speculative", seg)) is not None
+    )  # fmt: skip
+    assert learned > 1.0
+    task, copy = segment.split("/")[0], segment.endswith("/copy")
+    features = RequestFeatures("m", 256, 100, task, True, 1, None, {}, copy=copy)
+    decision = Decision("speculative", "fastest", "learned", learning=True, load=3.0)
+    for _, earlier, ttft, total, tokens, acceptance in _outcomes(50):  # queued, not folded in before the count
+        state.learn(features, earlier, ttft, total, tokens, "e2e", acceptance=acceptance)
+    state.learn(features, decision, 0.05, 1.0, 10, "e2e", counted=False)
+    assert state.learner.observations == 200  # nothing was folded in on the request path
+    assert state._pending[-1].output_tokens == round(1 + 9 * learned)
+    state.refresh_snapshot()
+    assert state.learner.observations == 251
+
+
+def test_past_learn_max_per_s_a_stream_without_usage_is_not_learned_either() -> None:
+    """A stream without usage used to fold the queue in to read the latest acceptance, so the queue never
+    filled and the cap never held for such streams."""
+    registry = CollectorRegistry()
+    state = _state(learn_max_per_s=40, registry=registry)
+    for features, decision, ttft, total, tokens, _ in _outcomes(30):
+        state.learn(features, decision, ttft, total, tokens, "e2e", counted=False)
+    state.refresh_snapshot()
+    assert state.learner.observations == 10
+    assert registry.get_sample_value("specgate_unlearned_requests_total") == 20
 
 
 def test_a_rules_reload_folds_the_queue_in_at_the_old_learning_rate() -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
@@ -78,6 +82,67 @@ class KeyCollector(Collector):
         yield from (requests, tokens, limited)
 
 
+class HistogramSeries:
+    """One label set of a :class:`FastHistogram`: plain counts, added to without a lock."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is +Inf
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, amount: float) -> None:
+        """As ``prometheus_client``'s: the first bucket whose bound is >= ``amount``."""
+        self.counts[bisect_left(self.bounds, amount)] += 1
+        self.sum += amount
+
+
+class FastHistogram(Collector):
+    """A histogram observed on the request path, exposed like ``prometheus_client.Histogram`` (the same
+    ``_bucket``, ``_count``, ``_sum`` and ``_created`` samples).
+
+    ``prometheus_client``'s takes a lock per bucket and per sum and walks the buckets in Python, ~1.2 us an
+    observation; this one is a bisect and two additions, ~0.2 us. The gateway observes several per request
+    (latencies, the routing step, the prediction's accuracy), on one event loop thread; a scrape from another
+    thread may read a series between its count and its sum, as a scrape between two requests would."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:  # fmt: skip
+        self.name, self.documentation = name, documentation
+        self._labelnames = tuple(labelnames)  # the attribute prometheus_client's metrics have
+        self.bounds = tuple(float(b) for b in buckets)
+        self._series: dict[tuple[str, ...], HistogramSeries] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> HistogramSeries:
+        if len(values) != len(self._labelnames):
+            raise ValueError(f"{self.name} takes labels {self._labelnames}, got {values}")
+        series = self._series.get(values)
+        if series is None:
+            series = self._series[values] = HistogramSeries(self.bounds)
+        return series
+
+    def describe(self) -> Iterator[Metric]:
+        yield HistogramMetricFamily(self.name, self.documentation, labels=self._labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self._labelnames)
+        names = [*map(floatToGoString, self.bounds), "+Inf"]
+        for values, series in list(self._series.items()):
+            running, buckets = 0, []
+            for bound, count in zip(names, list(series.counts), strict=True):
+                running += count
+                buckets.append((bound, float(running)))
+            family.add_metric(list(values), buckets, series.sum)
+            labels = dict(zip(self._labelnames, values, strict=True))
+            family.samples.append(Sample(f"{self.name}_created", labels, series.created))
+        yield family
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -87,21 +152,21 @@ class GatewayMetrics:
             ["pool", "reason", "task", "status"],
             registry=registry,
         )
-        self.ttft = Histogram(
+        self.ttft = FastHistogram(
             "specgate_ttft_seconds",
             "Time to first byte of the response body, as seen by the gateway.",
             ["pool"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.duration = Histogram(
+        self.duration = FastHistogram(
             "specgate_request_duration_seconds",
             "End-to-end request latency through the gateway.",
             ["pool"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.tpot = Histogram(
+        self.tpot = FastHistogram(
             "specgate_tpot_seconds",
             "Time per output token after the first (streams and usage-reporting replies).",
             ["pool"],
@@ -176,21 +241,21 @@ class GatewayMetrics:
         )
         self.keys: dict[str, KeyMetrics] = {}
         registry.register(KeyCollector(self.keys))
-        self.routing_step = Histogram(
+        self.routing_step = FastHistogram(
             "specgate_routing_step_seconds",
             "Time spent in each routing step inside the gateway.",
             ["step"],
             buckets=STEP_BUCKETS,
             registry=registry,
         )
-        self.prediction_ratio = Histogram(
+        self.prediction_ratio = FastHistogram(
             "specgate_prediction_ratio",
             "Observed / predicted latency (the objective's) of requests the learned model routed, per pool.",
             ["pool"],
             buckets=RATIO_BUCKETS,
             registry=registry,
         )
-        self.predicted = Histogram(
+        self.predicted = FastHistogram(
             "specgate_predicted_latency_seconds",
             "The learned model's predicted latency (the objective's) for the pool it chose.",
             ["pool"],
@@ -234,8 +299,8 @@ class GatewayMetrics:
         # Children the hot path uses, looked up once instead of per request.
         self.route_step = self.routing_step.labels("route")
         self._outcomes: dict[tuple[str, str, str, int], Any] = {}
-        self._latency: dict[str, tuple[Any, Any, Any]] = {}
-        self._prediction: dict[str, tuple[Any, Any]] = {}
+        self._latency: dict[str, tuple[HistogramSeries, HistogramSeries, HistogramSeries]] = {}
+        self._prediction: dict[str, tuple[HistogramSeries, HistogramSeries]] = {}
 
     def key_metrics(self, key: str) -> KeyMetrics:
         """The counts of ``key`` (a configured name, or ``(anonymous)``), kept across reloads."""

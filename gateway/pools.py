@@ -40,8 +40,9 @@ class Replica:
 
     def __post_init__(self) -> None:
         self.host = urlsplit(self.url).netloc
-        self._inflight_gauge = self.metrics.inflight.labels(self.pool, self.url)
-        self._booked_gauge = self.metrics.booked_tokens.labels(self.pool, self.url)
+        # read at scrape time, not set per booking (two locked gauge writes per request start and end)
+        self.metrics.inflight.labels(self.pool, self.url).set_function(lambda: self.inflight)
+        self.metrics.booked_tokens.labels(self.pool, self.url).set_function(lambda: self.booked_tokens)
         self._healthy_gauge = self.metrics.replica_healthy.labels(self.pool, self.url)
         self._healthy_gauge.set(1 if self.healthy else 0)
         self._breaker_gauges = {s: self.metrics.breaker_state.labels(self.pool, self.url, s) for s in STATES}
@@ -67,8 +68,6 @@ class Replica:
     def book(self, tokens: int) -> Booking:
         self.booked_tokens += tokens
         self.inflight += 1
-        self._booked_gauge.set(self.booked_tokens)
-        self._inflight_gauge.set(self.inflight)
         return Booking(self, tokens, self.breaker.dispatched())
 
     def _unbook(self, tokens: int, probe: bool) -> None:
@@ -76,8 +75,6 @@ class Replica:
             self.breaker.probe_ended()
         self.booked_tokens -= tokens
         self.inflight -= 1
-        self._booked_gauge.set(self.booked_tokens)
-        self._inflight_gauge.set(self.inflight)
 
 
 class Booking:

@@ -26,6 +26,24 @@ def test_booking_is_released_exactly_once() -> None:
     assert pools.pools["standard"].replicas[0].inflight == 0
 
 
+def test_the_inflight_and_booked_gauges_read_the_bookings_at_scrape_time() -> None:
+    registry = CollectorRegistry()
+    pools = PoolSet(GatewayMetrics(registry), random.Random(7))
+    pools.configure({"standard": ["http://a:1"], "speculative": []})
+    labels = {"pool": "standard", "replica": "http://a:1"}
+
+    def scraped() -> tuple[float | None, float | None]:
+        return (registry.get_sample_value("specgate_inflight_requests", labels),
+                registry.get_sample_value("specgate_booked_tokens", labels))  # fmt: skip
+
+    first, second = pools.acquire("standard", 100), pools.acquire("standard", 30)
+    assert scraped() == (2, 130)
+    first.release()
+    assert scraped() == (1, 30)
+    second.release()
+    assert scraped() == (0, 0)
+
+
 def test_power_of_two_choices_prefers_less_booked() -> None:
     pools = make(["http://a:1", "http://b:1"])
     a, b = pools.pools["standard"].replicas

@@ -46,14 +46,16 @@ def decide(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -
                 if choice is None:
                     warming = True
                     continue  # warming up: the rules below decide
-                return _checked(choice.pool, choice.reason, rule.name, snapshot, choice.predictions, choice.explored)
+                return _checked(choice.pool, choice.reason, rule.name, snapshot, choice.predictions, choice.explored,
+                                extra=features.n - 1)  # fmt: skip
             pool, rule_name = rule.pool, rule.name
             break
     else:
         if pool == "fastest":
             choice = choose_fastest(features, snapshot, rules)
             if choice is not None:
-                return _checked(choice.pool, choice.reason, None, snapshot, choice.predictions, choice.explored)
+                return _checked(choice.pool, choice.reason, None, snapshot, choice.predictions, choice.explored,
+                                extra=features.n - 1)  # fmt: skip
             pool, warming = rules.adaptive.warmup_pool, True
     reason = rule_name or "default"
     if warming:
@@ -65,15 +67,23 @@ def decide(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -
 
 def _checked(
     pool: str, reason: str, rule: str | None, snapshot: Snapshot, predictions: tuple[Prediction, ...],
-    explored: bool, learning: bool = True,
+    explored: bool, learning: bool = True, extra: int = 0,
 ) -> Decision:  # fmt: skip
-    """The decision, or the other pool when this one has no healthy replica (both serve the same model)."""
+    """The decision, or the other pool when this one has no healthy replica (both serve the same model).
+    ``extra``: what the predictions added to each pool's load for this request (``n - 1``)."""
     fallback = False
     if not snapshot.pool(pool).available:
         alternative = other_pool(pool)
         if snapshot.pool(alternative).available:
             pool, reason, fallback = alternative, f"{reason}; fallback: {pool} unavailable", True
-    load = pool_load(snapshot, pool) if learning else 0.0
+    load = 0.0
+    if learning:
+        for prediction in predictions:  # the chosen pool's load was read once already, for its prediction
+            if prediction.pool == pool:
+                load = prediction.load - extra
+                break
+        else:
+            load = pool_load(snapshot, pool)
     return Decision(pool, reason, rule, fallback, predictions, explored, learning, load)
 
 

@@ -213,3 +213,22 @@ def test_a_segment_seen_within_stale_s_keeps_all_its_samples() -> None:
     learner.observe(Observation(STANDARD, "code", 100, 1, 0.05, 0.05 + 199 * 0.03, 200, at_s=100.0))
     learner.observe(Observation(STANDARD, "chat", 100, 1, 0.05, 0.05 + 199 * 0.03, 200, at_s=150.0))  # 111 s gap
     assert learner.model(150.0).pools[STANDARD].tpot_offsets["chat"].weight == 20.0  # the cap: nothing faded
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_decision_learns_against_the_chosen_pools_load_without_the_requests_extra_choices(n: int) -> None:
+    """The load a fastest decision records (what its outcome is learned against) is ``pool_load`` of the pool
+    that answers, read once for the prediction; ``n - 1`` extra choices count in the prediction only."""
+    model = trained(spec_tpot=0.01, std_tpot=0.03)
+    for spec_running, std_running in ((0, 0), (7, 2), (40, 1)):
+        snapshot = snap(model, spec_running, std_running)
+        decision = decide(dataclasses.replace(feats("chat"), n=n), snapshot, RULES)
+        assert decision.rule == "learned"
+        assert decision.load == pool_load(snapshot, decision.pool)
+        assert decision.predicted is not None and decision.predicted.load == decision.load + n - 1
+    down = dataclasses.replace(snap(model, 0, 5), pools={
+        STANDARD: PoolSnapshot(STANDARD, 1, 1, running=5, waiting=0),
+        SPECULATIVE: PoolSnapshot(SPECULATIVE, 0, 1, running=0, waiting=0),  # no healthy replica
+    })  # fmt: skip
+    fallback = decide(dataclasses.replace(feats("chat"), n=n), down, RULES)
+    assert fallback.fallback and fallback.pool == STANDARD and fallback.load == pool_load(down, STANDARD)

@@ -61,9 +61,12 @@ class _Cell:
     def step(self, target: float, share: float, floor: float, cap: float) -> None:
         if share <= 0:
             return
-        rate = max(1.0 / (self.weight + 1.0), floor) * share
+        weight = self.weight
+        rate = 1.0 / (weight + 1.0)  # max() and min() as conditionals: twice or more per observation
+        rate = (floor if floor > rate else rate) * share
         self.value += rate * (target - self.value)
-        self.weight = min(self.weight + share, cap)
+        weight += share
+        self.weight = cap if cap < weight else weight
 
 
 @dataclass
@@ -145,21 +148,30 @@ class _CurveState:
         position is the same running average of where those observations lay (see :meth:`fill`).
         """
         filled = self.filled()
-        i = min(int(u), NODES - 2)
+        i = int(u)
+        if i > NODES - 2:
+            i = NODES - 2
         f = u - i
         error = target - (filled[i] * (1 - f) + filled[i + 1] * f)
+        values, weights, positions = self.values, self.weights, self.positions
         for j, share in ((i, 1.0 - f), (i + 1, f)):
             if share <= 1e-9:
                 continue
-            weight = self.weights[j]
+            weight = weights[j]
             if weight <= 0:
-                self.values[j], self.positions[j] = target, u
+                values[j], positions[j] = target, u
                 self._cache = None  # a new node: the neighbours' fill changes
-            else:
-                rate = min(max(share / (weight + share), floor * share), 1.0)
-                self.values[j] += rate * (target - self.values[j])
-                self.positions[j] += rate * (u - self.positions[j])
-            self.weights[j] = min(weight + share, cap)
+            else:  # min(max(share / (weight + share), floor * share), 1.0), as conditionals
+                rate = share / (weight + share)
+                least = floor * share
+                if least > rate:
+                    rate = least
+                if rate > 1.0:
+                    rate = 1.0
+                values[j] += rate * (target - values[j])
+                positions[j] += rate * (u - positions[j])
+            weight += share
+            weights[j] = cap if cap < weight else weight
         return error
 
     def freeze(self) -> Curve:
@@ -363,8 +375,11 @@ def _fit(curve: _CurveState, offset: _Cell, u: float, target: float, floor: floa
     learns what the curve leaves over for its cell. (Fitting both to each other's residuals lets a common
     constant drift between them, and nodes learned at different times then disagree.)
     """
+    filled = curve.filled()
     error = curve.step(u, target, floor, cap)
-    offset.step(target - curve.predict(u, curve.filled()), 1.0, floor, cap)
+    # the step left the curve's fill as it was (no new node): the offset's residual is the curve's error
+    residual = error if curve.filled() is filled else target - curve.predict(u, curve.filled())
+    offset.step(residual, 1.0, floor, cap)
     return error
 
 

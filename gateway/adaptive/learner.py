@@ -375,10 +375,11 @@ def _fit(curve: _CurveState, offset: _Cell, u: float, target: float, floor: floa
     learns what the curve leaves over for its cell. (Fitting both to each other's residuals lets a common
     constant drift between them, and nodes learned at different times then disagree.)
     """
-    filled = curve.filled()
+    before = curve.filled()
     error = curve.step(u, target, floor, cap)
+    after = curve.filled()
     # the step left the curve's fill as it was (no new node): the offset's residual is the curve's error
-    residual = error if curve.filled() is filled else target - curve.predict(u, curve.filled())
+    residual = error if after is before else target - curve.predict(u, after)
     offset.step(residual, 1.0, floor, cap)
     return error
 

@@ -177,6 +177,15 @@ class Prediction:
         return self.ttft_s if objective == "ttft" else self.e2e_s
 
 
+def prediction_for(predictions: tuple[Prediction, ...], pool: str) -> Prediction | None:
+    """``pool``'s prediction among ``predictions`` (None when it has none): a loop, not next(genexpr), as it
+    runs a few times per request."""
+    for prediction in predictions:
+        if prediction.pool == pool:
+            return prediction
+    return None
+
+
 _EMPTY_POOLS: Mapping[str, PoolModel] = MappingProxyType({})
 _EMPTY_LENGTHS: Mapping[str, Lengths] = MappingProxyType({})
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gateway.adaptive.model import Prediction, segment_of
+from gateway.adaptive.model import Prediction, prediction_for, segment_of
 from gateway.features import RequestFeatures
 from gateway.rules import AdaptiveConfig, RoutingRules
 from gateway.snapshot import POOL_NAMES, Snapshot, other_pool, pool_load
@@ -36,7 +36,7 @@ class Choice:
 
     @property
     def predicted(self) -> Prediction | None:
-        return next((p for p in self.predictions if p.pool == self.pool), None)
+        return prediction_for(self.predictions, self.pool)
 
 
 def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> tuple[Prediction, ...]:
@@ -122,7 +122,7 @@ def _uncertain(
     found = model.pools.get(pool)
     if found is None:
         return True
-    prediction = next((p for p in preds if p.pool == pool), None)
+    prediction = prediction_for(preds, pool)
     if prediction is None or prediction.samples < config.min_cell_samples:
         return True
     last = found.last_observed_s

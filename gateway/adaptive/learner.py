@@ -248,13 +248,22 @@ class Learner:
             # exploration) counts for more than one sample among twenty
             offset.weight *= math.exp(-(obs.at_s - seen - self.forget_s) / self.forget_s)
         state.segment_seen[obs.segment] = obs.at_s
+        mean_log_a = state.mean_log_acceptance
         if obs.acceptance_length is not None and obs.acceptance_length >= 1.0:
             log_a = math.log(obs.acceptance_length)
-            state.mean_log_acceptance.step(log_a, 1.0, floor, cap)
+            mean_log_a.step(log_a, 1.0, floor, cap)
             _cell(state.acceptance, obs.segment).step(obs.acceptance_length, 1.0, floor, cap)
-            offset.step(state.mean_log_acceptance.value - log_a, 1.0, floor, cap)
-            # the step time at this load for a request of the pool's mean acceptance
-            error = state.tpot.step(u, target - offset.value * _shrink(offset), floor, cap)
+            before = offset.value if offset.weight > 0 else -mean_log_a.value
+            offset.step(-log_a, 1.0, floor, cap)
+            # The curve learns the engine's time per step at this load (time per token x tokens per step), the
+            # offset -log(acceptance): the load's effect apart from the mix of acceptances the pool serves at
+            # that load. (Against a running mean acceptance instead, a mix that shifts with the load, e.g. more
+            # low-acceptance requests sent to the pool when it is busier, showed as a slope of the curve.)
+            step_error = state.tpot.step(u, target + log_a, floor, cap)
+            error = step_error - log_a - before  # the error of the per-token prediction: the residual's scale
+        elif mean_log_a.weight > 0:  # a pool that reports acceptance, a reply without it: the segment's own
+            known = offset.value if offset.weight > 0 else -mean_log_a.value
+            error = state.tpot.step(u, target - known, floor, cap)
         else:
             error = _fit(state.tpot, offset, u, target, floor, cap)
         state.tpot_var += floor * (error * error - state.tpot_var)
@@ -410,11 +419,18 @@ def _quantiles(window: Iterable[int], count: int = 20) -> list[int]:
 
 
 def _freeze_pool(state: _PoolState) -> PoolModel:
+    tpot = state.tpot.freeze()
+    # A pool that reports acceptance learns time per step and -log(acceptance) per segment (see
+    # _observe_tpot); the model reads them around the pool's mean acceptance, so that an offset shrunk for
+    # want of samples falls back to the pool's mean, not to one token per step.
+    mean = state.mean_log_acceptance.value if state.mean_log_acceptance.weight > 0 else 0.0
+    if mean:
+        tpot = Curve(tuple(v - mean for v in tpot.values), tpot.weights)
     return PoolModel(
         ttft=state.ttft.freeze(),
-        tpot=state.tpot.freeze(),
+        tpot=tpot,
         ttft_offsets={k: Offset(c.value, c.weight) for k, c in state.ttft_offsets.items()},
-        tpot_offsets={k: Offset(c.value, c.weight) for k, c in state.tpot_offsets.items()},
+        tpot_offsets={k: Offset(c.value + mean, c.weight) for k, c in state.tpot_offsets.items()},
         ttft_var=state.ttft_var,
         tpot_var=state.tpot_var,
         samples=state.samples,

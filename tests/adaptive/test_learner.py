@@ -241,3 +241,26 @@ def test_the_inlined_prediction_is_the_readable_one() -> None:
         assert got is not None
         want = _readable_prediction(model, pool, segment, prompt, max_tokens, load, objective)
         assert (got.ttft_s, got.e2e_s, got.tpot_s, got.cost_s, got.samples) == pytest.approx(want, rel=1e-12)
+
+
+def test_a_mix_of_acceptances_that_shifts_with_load_is_not_read_as_a_slope() -> None:
+    """A speculative pool whose time per engine step does not depend on load, serving mostly high-acceptance
+    code at low load and mostly low-acceptance chat when busier (what routing does): the curve stays flat,
+    so no delay is charged for adding a request, and each segment's prediction follows its acceptance.
+    (Against a running mean acceptance the shifting mix showed as a rise of the curve with the load.)"""
+    rng = random.Random(3)
+    learner = Learner()
+    step_s, acceptance = 0.03, {"code": 3.5, "chat": 1.6}
+    for i in range(3000):
+        load = rng.uniform(0, 4) if (i // 200) % 2 else rng.uniform(10, 30)  # quiet and busy spells
+        segment = "code" if (load < 5) == (rng.random() < 0.9) else "chat"
+        a = acceptance[segment] * math.exp(rng.gauss(0, 0.05))
+        tpot = step_s / a * math.exp(rng.gauss(0, 0.05))
+        learner.observe(Observation("speculative", segment, 100, load, 0.05, 0.05 + 99 * tpot, 100, a, i * 0.01))
+    model = learner.model()
+    for segment, a in acceptance.items():
+        for load in (2.0, 20.0):
+            prediction = model.predict("speculative", segment, 100, 100, load)
+            assert prediction is not None
+            assert prediction.tpot_s == pytest.approx(step_s / a, rel=0.1)
+            assert prediction.cost_s / prediction.e2e_s - 1 < 0.05

@@ -204,7 +204,7 @@ class Defaults(_Strict):
 class AdaptiveConfig(_Strict):
     """How the ``fastest`` target learns and chooses (see gateway/adaptive/ and docs/adaptive.md)."""
 
-    min_samples: int = Field(default=20, ge=1, description="finished requests per pool before `fastest` decides")
+    min_samples: int = Field(default=5, ge=1, description="finished requests per pool before `fastest` decides")
     min_cell_samples: float = Field(default=3.0, ge=0, description="below this a prediction counts as uncertain")
     explore_share: float = Field(default=0.02, ge=0, le=0.2, description="most requests sent to the other pool")
     stale_s: float = Field(

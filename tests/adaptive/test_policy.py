@@ -44,7 +44,7 @@ def snap(model: LatencyModel | None, spec_running: float = 0, std_running: float
 
 
 def test_with_no_samples_the_rules_below_fastest_decide() -> None:
-    for model in (None, trained(0.01, 0.03, samples=5)):  # 5 < min_samples (20)
+    for model in (None, trained(0.01, 0.03, samples=3)):  # 3 < min_samples (5)
         code = decide(feats("code"), snap(model), RULES)
         expected = (SPECULATIVE, "draft-friendly-task (warm-up)", "draft-friendly-task")
         assert (code.pool, code.reason, code.rule) == expected

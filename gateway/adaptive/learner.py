@@ -253,7 +253,7 @@ class Learner:
             log_a = math.log(obs.acceptance_length)
             mean_log_a.step(log_a, 1.0, floor, cap)
             _cell(state.acceptance, obs.segment).step(obs.acceptance_length, 1.0, floor, cap)
-            before = offset.value if offset.weight > 0 else -mean_log_a.value
+            before = _log_tpot_offset(offset, mean_log_a)
             offset.step(-log_a, 1.0, floor, cap)
             # The curve learns the engine's time per step at this load (time per token x tokens per step), the
             # offset -log(acceptance): the load's effect apart from the mix of acceptances the pool serves at
@@ -262,8 +262,7 @@ class Learner:
             step_error = state.tpot.step(u, target + log_a, floor, cap)
             error = step_error - log_a - before  # the error of the per-token prediction: the residual's scale
         elif mean_log_a.weight > 0:  # a pool that reports acceptance, a reply without it: the segment's own
-            known = offset.value if offset.weight > 0 else -mean_log_a.value
-            error = state.tpot.step(u, target - known, floor, cap)
+            error = state.tpot.step(u, target - _log_tpot_offset(offset, mean_log_a), floor, cap)
         else:
             error = _fit(state.tpot, offset, u, target, floor, cap)
         state.tpot_var += floor * (error * error - state.tpot_var)
@@ -391,6 +390,12 @@ def _fit(curve: _CurveState, offset: _Cell, u: float, target: float, floor: floa
     residual = error if after is before else target - curve.predict(u, after)
     offset.step(residual, 1.0, floor, cap)
     return error
+
+
+def _log_tpot_offset(offset: _Cell, mean_log_a: _Cell) -> float:
+    """A segment's learned ``-log(acceptance)`` on a pool that reports acceptance, the pool's mean for a
+    segment not seen there yet."""
+    return offset.value if offset.weight > 0 else -mean_log_a.value
 
 
 def _known_ttft(state: _PoolState, offset: _Cell, u: float, total_s: float) -> float:

@@ -38,6 +38,10 @@ LENGTH_WINDOW = 256  # recent output lengths kept per segment
 _K = TypeVar("_K", int, str)
 REFILL_EVERY = 16  # observations between refreshes of a curve's fill (also refreshed by every freeze)
 MERGE_DISTANCE = 0.5  # curve points nearer than this (in log2(1 + load)) are one point
+# What ``export`` means: bump it whenever a number's unit or meaning changes, so that replicas of two versions
+# (a rolling upgrade) share only with their own kind. 2: a speculative pool's tpot curve is time per engine step
+# and its offsets -log(acceptance) (Dec 2026); 1 (never written out) was time per token.
+EXPORT_FORMAT = 2
 
 
 @dataclass(slots=True)  # not frozen: one per finished request, and a frozen __init__ costs ~2x; never mutated

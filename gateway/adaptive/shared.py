@@ -4,6 +4,9 @@ Every ``model_sync_interval_s`` each replica writes its learned numbers (``Learn
 name with a TTL and reads everyone's, merged by weight, back into its learner (``Learner.absorb``). A new or
 restarted replica thus starts from what the others learned. When the store is down each replica keeps
 learning alone: a failed sync is logged once per outage and retried next tick; no request ever waits on it.
+
+The numbers live in a space named by the learner's ``EXPORT_FORMAT`` (``est:v2:*`` in Redis): during a rolling
+upgrade that changes what a number means, old and new replicas each share with their own version only.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from gateway.adaptive.learner import Learner
+from gateway.adaptive.learner import EXPORT_FORMAT, Learner
 from gateway.signals.store import Estimate, SharedState, SharedStateUnavailable
 
 log = logging.getLogger("specgate")
@@ -25,13 +28,14 @@ class ModelSync:
         self.owner = owner or f"gw-{uuid.uuid4().hex[:12]}"
         self.ok: bool | None = None  # None: not tried yet
         self.syncs = 0
+        self.space = f"est:v{EXPORT_FORMAT}"
 
     async def sync(self, now: float) -> bool:
         """Publish this replica's numbers and take in everyone's. False when the store did not answer."""
         exported = {name: Estimate(value, weight) for name, (value, weight) in self.learner.export().items()}
         try:
-            await self.store.put_estimates(self.owner, exported, now, self.ttl_s)
-            shared = await self.store.get_estimates(now, self.ttl_s)
+            await self.store.put_estimates(self.owner, exported, now, self.ttl_s, self.space)
+            shared = await self.store.get_estimates(now, self.ttl_s, self.space)
         except SharedStateUnavailable as exc:
             if self.ok is not False:
                 log.warning("learned model not shared: the shared store is unavailable (%s); learning alone", exc)

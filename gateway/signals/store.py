@@ -64,9 +64,11 @@ class SharedState(Protocol):
 
     async def request_rate(self, now: float, window_s: float) -> float: ...
 
-    async def put_estimates(self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float) -> None: ...
+    async def put_estimates(
+        self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float, space: str = "est"
+    ) -> None: ...
 
-    async def get_estimates(self, now: float, ttl_s: float) -> dict[str, Estimate]: ...
+    async def get_estimates(self, now: float, ttl_s: float, space: str = "est") -> dict[str, Estimate]: ...
 
     async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool: ...
 
@@ -133,7 +135,7 @@ class MemorySharedState:
 
     def __init__(self) -> None:
         self._counts: dict[int, int] = {}
-        self._estimates: dict[str, tuple[float, dict[str, Estimate]]] = {}
+        self._estimates: dict[tuple[str, str], tuple[float, dict[str, Estimate]]] = {}  # (space, owner) ->
         self._buckets: dict[str, _Bucket] = {}
         self._values: dict[str, tuple[str, float]] = {}  # key -> (value, monotonic expiry)
         self._inflight: dict[str, dict[str, tuple[int, float]]] = {}
@@ -149,11 +151,13 @@ class MemorySharedState:
     async def request_rate(self, now: float, window_s: float) -> float:
         return rate_from_buckets(self._counts, now, window_s)
 
-    async def put_estimates(self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float) -> None:
-        self._estimates[owner] = (now, dict(estimates))
+    async def put_estimates(
+        self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float, space: str = "est"
+    ) -> None:
+        self._estimates[(space, owner)] = (now, dict(estimates))
 
-    async def get_estimates(self, now: float, ttl_s: float) -> dict[str, Estimate]:
-        fresh = [est for at, est in self._estimates.values() if now - at <= ttl_s]
+    async def get_estimates(self, now: float, ttl_s: float, space: str = "est") -> dict[str, Estimate]:
+        fresh = [est for (sp, _), (at, est) in self._estimates.items() if sp == space and now - at <= ttl_s]
         return merge_estimates(fresh)
 
     async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool:
@@ -259,23 +263,25 @@ class RedisSharedState:
         counts = {second: int(v) for second, v in zip(seconds, values, strict=True) if v is not None}
         return rate_from_buckets(counts, now, window_s)
 
-    async def put_estimates(self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float) -> None:
-        key = f"{self._prefix}est:{owner}"
+    async def put_estimates(
+        self, owner: str, estimates: Mapping[str, Estimate], now: float, ttl_s: float, space: str = "est"
+    ) -> None:
+        key = f"{self._prefix}{space}:{owner}"
         pipe = self._client.pipeline(transaction=True)
         pipe.delete(key)
         if estimates:
             pipe.hset(key, mapping={name: f"{e.value!r} {e.weight!r}" for name, e in estimates.items()})
             pipe.expire(key, math.ceil(ttl_s))
-        pipe.zadd(f"{self._prefix}est:owners", {owner: now})
+        pipe.zadd(f"{self._prefix}{space}:owners", {owner: now})
         await self._guard("put_estimates", pipe.execute())
 
-    async def get_estimates(self, now: float, ttl_s: float) -> dict[str, Estimate]:
-        owners_key = f"{self._prefix}est:owners"
+    async def get_estimates(self, now: float, ttl_s: float, space: str = "est") -> dict[str, Estimate]:
+        owners_key = f"{self._prefix}{space}:owners"
         query = self._client.zrangebyscore(owners_key, now - ttl_s, "+inf")
         owners = await self._guard("get_estimates", query)
         pipe = self._client.pipeline(transaction=False)
         for owner in owners:
-            pipe.hgetall(f"{self._prefix}est:{owner!s}")
+            pipe.hgetall(f"{self._prefix}{space}:{owner!s}")
         raw: list[dict[str, str]] = await self._guard("get_estimates", pipe.execute())
         return merge_estimates([_decode_estimates(fields) for fields in raw])
 

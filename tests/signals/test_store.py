@@ -58,6 +58,15 @@ async def test_estimates_merge_by_weight_and_expire(store: SharedState) -> None:
 
 
 @pytest.mark.redis
+async def test_estimates_in_different_spaces_do_not_mix(store: SharedState) -> None:
+    await store.put_estimates("gw-a", {"tpot:chat": Estimate(0.02, 10)}, now=1000.0, ttl_s=30)
+    await store.put_estimates("gw-b", {"tpot:chat": Estimate(-3.9, 10)}, now=1000.0, ttl_s=30, space="est:v2")
+    assert await store.get_estimates(now=1001.0, ttl_s=30) == {"tpot:chat": Estimate(0.02, 10)}
+    assert await store.get_estimates(now=1001.0, ttl_s=30, space="est:v2") == {"tpot:chat": Estimate(-3.9, 10)}
+    assert await store.get_estimates(now=1001.0, ttl_s=30, space="est:v3") == {}
+
+
+@pytest.mark.redis
 async def test_token_bucket_refills_at_rate(store: SharedState) -> None:
     bucket = f"tenant-{uuid.uuid4().hex[:6]}"
     allowed = [await store.take_tokens(bucket, rate=2.0, burst=3.0, now=100.0) for _ in range(4)]

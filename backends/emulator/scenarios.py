@@ -182,17 +182,25 @@ def learning_curve(
 
 
 def requests_to_learn(
-    curve: Sequence[tuple[int, float]], tolerance: float = 0.10, since: int = 0, span: int = 3
+    curve: Sequence[tuple[int, float]],
+    tolerance: float = 0.10,
+    since: int = 0,
+    span: int = 3,
+    steady_ratio: float | None = None,
 ) -> int | None:
     """Requests (counted from ``since``: the start, or a drift) after which the adaptive policy is within
     ``tolerance`` of its steady state: the first window end ``n`` such that the mean ratio over the next
-    ``span`` windows is at most ``(1 + tolerance)`` x the steady ratio (the median over the run's last
-    third). None when it never gets there."""
+    ``span`` windows is at most ``(1 + tolerance)`` x the steady ratio. None when it never gets there.
+
+    ``steady_ratio`` is given when the curve's bound is the steady state itself (the cold run against a warm
+    run on the same arrivals: 1.0). Without it the steady ratio is the median over the run's last third,
+    which assumes that third is settled and as loaded as the rest (a scenario after its drift)."""
     ratios = [ratio for _, ratio in curve]
-    tail = ratios[len(ratios) * 2 // 3 :]
-    if not tail:
-        return None
-    steady_ratio = statistics.median(tail)
+    if steady_ratio is None:
+        tail = ratios[len(ratios) * 2 // 3 :]
+        if not tail:
+            return None
+        steady_ratio = statistics.median(tail)
     ends = [end for end, _ in curve]
     for i, end in enumerate(ends):
         start = end - (ends[1] - ends[0] if len(ends) > 1 else end)

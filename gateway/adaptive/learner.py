@@ -322,6 +322,7 @@ class Learner:
         counting the same requests twice.
         """
         lengths: dict[str, list[tuple[int, float, float]]] = {}
+        variances: dict[str, list[tuple[str, float, float]]] = {}
         # positions first: each is blended against the node's weight before its value moves that weight
         for name, (value, weight) in sorted(shared.items(), key=lambda item: "|pos|" not in item[0]):
             pool, kind, part, key = name.split("|", 3)
@@ -330,7 +331,12 @@ class Learner:
                 continue
             if weight <= 0 or not math.isfinite(value):
                 continue
+            if kind == "var":
+                variances.setdefault(pool, []).append((part, value, weight))
+                continue
             self._absorb_one(self._pools.setdefault(pool, _PoolState()), kind, part, key, value, weight)
+        for pool, entries in variances.items():
+            self._absorb_variances(self._pools.setdefault(pool, _PoolState()), entries)
         for seg, quantiles in lengths.items():
             window = self._lengths.get(seg)
             remote_n = max(w for _, _, w in quantiles)
@@ -358,17 +364,21 @@ class Learner:
             else:
                 cell = state.acceptance.setdefault(key, _Cell())
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
-        elif kind == "var":
-            local = state.ttft_var if part == "ttft" else state.tpot_var
-            blended, _ = _blend(local, state.samples, value, weight)
-            if part == "ttft":
-                state.ttft_var = blended
-            else:
-                state.tpot_var = blended
-            state.samples = max(state.samples, min(weight, self.cap * 4))
         elif kind == "mla":
             cell = state.mean_log_acceptance
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
+
+
+    def _absorb_variances(self, state: _PoolState, entries: list[tuple[str, float, float]]) -> None:
+        """Both residual variances blended against the pool's sample count as it was before this sync (the
+        count is one weight for both: raising it for the first would let the second barely move)."""
+        before = state.samples
+        for part, value, weight in entries:
+            if part == "ttft":
+                state.ttft_var, _ = _blend(state.ttft_var, before, value, weight)
+            else:
+                state.tpot_var, _ = _blend(state.tpot_var, before, value, weight)
+            state.samples = max(state.samples, min(weight, self.cap * 4))
 
 
 def _cell(cells: dict[_K, _Cell], key: _K) -> _Cell:

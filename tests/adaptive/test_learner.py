@@ -141,6 +141,22 @@ def test_sharing_brings_a_cold_learner_to_what_the_others_know() -> None:
         assert b.samples(pool) > 10
 
 
+def test_a_fresh_learner_takes_both_residual_variances_as_the_others_learned_them() -> None:
+    """The two variances share one sample count: the second must not be blended against the count the
+    first has just raised (a fresh replica took about half of the others' time-per-token variance)."""
+    warm, cold = Learner(), Learner()
+    for obs in observations(random.Random(6), 2000):
+        warm.observe(obs)
+    cold.absorb(warm.export())
+    theirs, mine = warm.export(), cold.export()
+    for pool in ("standard", "speculative"):
+        for part in ("ttft", "tpot"):
+            name = f"{pool}|var|{part}|-"
+            assert mine[name][0] == pytest.approx(theirs[name][0], rel=1e-9)
+    cold.absorb(warm.export())  # a second sync moves nothing
+    assert cold.export()["standard|var|tpot|-"][0] == pytest.approx(theirs["standard|var|tpot|-"][0], rel=1e-9)
+
+
 def test_load_position_is_log_scaled_and_clipped() -> None:
     assert load_position(0) == 0 and load_position(1) == 1 and load_position(3) == 2
     assert load_position(-5) == 0 and load_position(10**9) == 11

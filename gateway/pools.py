@@ -12,6 +12,7 @@ breaker admits rather than answering 503 at once (its breaker takes it out if re
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -22,6 +23,28 @@ from gateway.metrics import GatewayMetrics
 from gateway.snapshot import POOL_NAMES, PoolSnapshot, other_pool
 
 HEALTH_VERDICTS = ("ok", "failed", "timeout", "late")  # gateway/health.py's verdicts
+
+
+class LoadClock:
+    """One pool's in-flight count (this gateway's bookings) integrated over time, in request-seconds: what a
+    request's booking reads at its start and end gives the mean load the pool ran at while it was served."""
+
+    __slots__ = ("area", "at", "count")
+
+    def __init__(self, at: float | None = None) -> None:
+        self.area = 0.0
+        self.at = time.perf_counter() if at is None else at
+        self.count = 0
+
+    def move(self, change: int, now: float | None = None) -> tuple[float, float]:
+        """The integral up to ``now`` (the simulator's virtual clock; else this process's) and ``now``; then
+        the count moves by ``change``."""
+        if now is None:
+            now = time.perf_counter()
+        self.area += self.count * (now - self.at)
+        self.at = now
+        self.count += change
+        return self.area, now
 
 
 @dataclass(eq=False)
@@ -35,6 +58,7 @@ class Replica:
     inflight: int = 0
     models: tuple[str, ...] = ()
     policy: BreakerPolicy = field(default_factory=BreakerPolicy)
+    clock: LoadClock = field(default_factory=LoadClock)  # the pool's, shared by its replicas (PoolSet.configure)
     host: str = field(init=False)
     breaker: CircuitBreaker = field(init=False)
 
@@ -78,19 +102,32 @@ class Replica:
 
 
 class Booking:
-    """Load booked on one replica; ``release`` is idempotent so every exit path may call it."""
+    """Load booked on one replica; ``release`` is idempotent so every exit path may call it.
 
-    __slots__ = ("probe", "released", "replica", "tokens")
+    ``run_shift``, once released: how much the pool's in-flight count (this gateway's bookings, this one
+    included) averaged above what it was just after this booking, over the booking's life. The learner adds
+    it to the load the decision saw, to learn time per token against the load a request ran at rather than
+    the load it arrived at (a pool that filled up behind it, as in a warm-up, would otherwise teach that a
+    low load is slow)."""
+
+    __slots__ = ("_area", "_at", "_clock", "_count", "probe", "released", "replica", "run_shift", "tokens")
 
     def __init__(self, replica: Replica, tokens: int, probe: bool = False) -> None:
         self.replica = replica
         self.tokens = tokens
         self.probe = probe  # the half-open breaker's one trial request
         self.released = False
+        self.run_shift: float | None = None
+        clock = self._clock = replica.clock
+        self._area, self._at = clock.move(1)
+        self._count = clock.count
 
     def release(self) -> None:
         if not self.released:
             self.released = True
+            area, now = self._clock.move(-1)
+            if now > self._at:
+                self.run_shift = (area - self._area) / (now - self._at) - self._count
             self.replica._unbook(self.tokens, self.probe)
 
 
@@ -127,6 +164,7 @@ class PoolSet:
         self._rng = rng or random.Random()
         self._breaker = breaker or BreakerPolicy()
         self.pools: dict[str, Pool] = {name: Pool(name, [], self._rng) for name in POOL_NAMES}
+        self._clocks = {name: LoadClock() for name in POOL_NAMES}
 
     def configure(self, urls: Mapping[str, Iterable[str]]) -> None:
         """Set each pool's replica list; replicas already known keep their state and bookings."""
@@ -134,6 +172,8 @@ class PoolSet:
             known = {r.url: r for r in self.pools[name].replicas}
             wanted = list(dict.fromkeys(urls.get(name, ())))
             replicas = [known.get(url) or Replica(url, name, self._metrics, policy=self._breaker) for url in wanted]
+            for replica in replicas:
+                replica.clock = self._clocks[name]
             self.pools[name] = Pool(name, replicas, self._rng)
 
     def replicas(self) -> list[Replica]:

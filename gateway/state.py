@@ -149,7 +149,7 @@ class GatewayState:
 
     def learn(
         self, features: RequestFeatures, decision: Decision, ttft: float, total: float, tokens: int, objective: str,
-        *, counted: bool = True, acceptance: float | None = None,
+        *, counted: bool = True, acceptance: float | None = None, run_shift: float | None = None,
     ) -> None:  # fmt: skip
         """One finished request's outcome: queued for the learner, which takes the queue in order at the next
         snapshot refresh (decisions only ever see the model as of a refresh, so they see the same model as if
@@ -180,9 +180,12 @@ class GatewayState:
                 or 1.0
             )
             tokens = round(1 + max(tokens - 1, 0) * per_event)
+        # the load it ran at: the decision's, moved as this gateway's bookings on the pool moved while it ran
+        # (scaled, as pool_load scales them, by the gateway replicas sharing the pool)
+        run_load = None if run_shift is None else max(decision.load + self.snapshot.gateways * run_shift, 0.0)
         self._pending.append(Observation(
             decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
-            at_s=time.monotonic(),
+            at_s=time.monotonic(), run_load=run_load,
         ))  # fmt: skip
         predicted = decision.predicted
         if predicted is not None:

@@ -123,3 +123,51 @@ def test_a_passing_check_clears_suspicion() -> None:
     a.set_healthy(False, suspect=True)
     a.set_healthy(True)
     assert a.healthy and not a.suspect
+
+
+class _Clock:
+    """time.perf_counter as the test sets it."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_booking_learns_how_far_the_pools_load_moved_while_it_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Booked alone at t=0 on a two-replica pool; three more requests join the pool (either replica) from
+    t=1 to t=3; released at t=4: it ran at 1 + 3 x 2/4 = 2.5 requests on average, 1.5 above its start."""
+    clock = _Clock()
+    monkeypatch.setattr("gateway.pools.time.perf_counter", clock)
+    pools = make(["http://a:1", "http://b:1"])
+    first = pools.acquire("standard", 10)
+    clock.now += 1
+    others = [pools.acquire("standard", 10) for _ in range(3)]
+    assert {b.replica.url for b in others} | {first.replica.url} == {"http://a:1", "http://b:1"}
+    clock.now += 2
+    for booking in others:
+        booking.release()
+    assert others[0].run_shift == pytest.approx(2.0)  # the two booked just after it ran beside it throughout
+    assert others[2].run_shift == pytest.approx(0.0)  # booked last, released with the others: nothing moved
+    clock.now += 1
+    first.release()
+    assert first.run_shift == pytest.approx(1.5)
+    first.release()  # idempotent: the clock is not moved twice
+    assert pools.pools["standard"].replicas[0].clock.count == 0
+
+
+def test_each_pool_keeps_its_own_load_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    monkeypatch.setattr("gateway.pools.time.perf_counter", clock)
+    pools = make(["http://a:1"], ["http://s:1"])
+    mine = pools.acquire("speculative", 10)
+    clock.now += 1
+    other = pools.acquire("standard", 10)  # the other pool's load is not this pool's
+    clock.now += 1
+    other.release()
+    mine.release()
+    assert mine.run_shift == pytest.approx(0.0)
+    pools.configure({"standard": ["http://a:1", "http://b:1"], "speculative": ["http://s:1"]})
+    a, b = pools.pools["standard"].replicas
+    assert a.clock is b.clock is not pools.pools["speculative"].replicas[0].clock

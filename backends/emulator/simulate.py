@@ -39,6 +39,7 @@ from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.decide import decide
 from gateway.features import RequestFeatures
+from gateway.pools import LoadClock
 from gateway.qps import LocalQps
 from gateway.rules import RoutingRules
 from gateway.snapshot import POOL_NAMES, SPECULATIVE, STANDARD, PoolSnapshot, Snapshot
@@ -105,6 +106,8 @@ class _Progress:
     load: float
     explored: bool
     request: EngineRequest
+    booked_area: float  # the pool's in-flight-seconds integral at admission
+    booked_inflight: int  # the pool's in-flight count just after this request was booked
     first_token_s: float | None = None
     drafted_steps: int = 0
     drafted_tokens: int = 0
@@ -134,6 +137,7 @@ class Simulation:
     _scrape: _Scrape | None = field(init=False, default=None)
     _model: LatencyModel | None = field(init=False, default=None)
     _model_at: float = field(init=False, default=-math.inf)
+    _clocks: dict[str, LoadClock] = field(init=False, default_factory=dict)  # per pool, as the gateway's
 
     def __post_init__(self) -> None:
         def engine(name: str, index: int) -> Engine:
@@ -142,6 +146,7 @@ class Simulation:
 
         self._replicas = {name: [_Replica(name, engine(name, i)) for i in range(self.replicas)] for name in POOL_NAMES}
         self._all = [r for name in POOL_NAMES for r in self._replicas[name]]
+        self._clocks = {name: LoadClock(at=0.0) for name in POOL_NAMES}
 
     def run(self, arrivals: Sequence[Arrival]) -> list[RequestResult]:
         live: dict[EngineRequest, _Progress] = {}
@@ -217,7 +222,9 @@ class Simulation:
         )
         replica.engine.add(request)
         replica.inflight += 1
-        live[request] = _Progress(arrival, replica, reason, load, explored, request)
+        clock = self._clocks[replica.pool]
+        booked, _ = clock.move(1, now)
+        live[request] = _Progress(arrival, replica, reason, load, explored, request, booked, clock.count)
         if replica.outcome is None:
             replica.start_step(now)
 
@@ -254,12 +261,13 @@ class Simulation:
             if emission.finished:
                 live.pop(emission.request)
                 replica.inflight -= 1
-                results.append(self._result(progress, now))
+                area, _ = self._clocks[replica.pool].move(-1, now)
+                results.append(self._result(progress, now, area))
         replica.outcome, replica.step_end_s = None, math.inf
         if replica.engine.has_work:
             replica.start_step(now)
 
-    def _result(self, progress: _Progress, finished_s: float) -> RequestResult:
+    def _result(self, progress: _Progress, finished_s: float, area: float) -> RequestResult:
         arrival = progress.arrival
         first = progress.first_token_s if progress.first_token_s is not None else finished_s
         result = RequestResult(
@@ -280,9 +288,13 @@ class Simulation:
             features = arrival.features
             acceptance = progress.drafted_tokens / progress.drafted_steps if progress.drafted_steps else None
             seen_ttft = result.ttft_s if features.stream else None  # a whole reply shows only its end
+            # the load it ran at, as the gateway learns it (gateway.pools.Booking.run_shift)
+            span = result.latency_s
+            shift = (area - progress.booked_area) / span - progress.booked_inflight if span > 0 else 0.0
+            run_load = max(progress.load + shift, 0.0)
             self.learner.observe(Observation(
                 result.pool, segment_of(features.task, features.copy), features.prompt_tokens, progress.load,
-                seen_ttft, result.latency_s, result.output_tokens, acceptance, finished_s,
+                seen_ttft, result.latency_s, result.output_tokens, acceptance, finished_s, run_load,
             ))  # fmt: skip
         return result
 

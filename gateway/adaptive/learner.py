@@ -55,6 +55,7 @@ class Observation:
     output_tokens: int
     acceptance_length: float | None = None  # vLLM's per-request mean acceptance length (speculative pool)
     at_s: float = 0.0  # the learner's clock (monotonic seconds in the gateway, virtual in the simulator)
+    run_load: float | None = None  # the pool's mean load while the request ran (None: ``load``)
 
 
 @dataclass
@@ -231,7 +232,7 @@ class Learner:
         else:  # a whole reply: take the first token's share from what the streams taught (none: nothing)
             ttft = _known_ttft(state, ttft_offset, u, obs.total_s)
         if obs.output_tokens >= 2 and obs.total_s > ttft:
-            self._observe_tpot(state, obs, ttft, u)
+            self._observe_tpot(state, obs, ttft, u if obs.run_load is None else load_position(obs.run_load))
         self._remember_length(obs.segment, obs.output_tokens)
         state.samples = min(state.samples + 1.0, cap * 4)
         state.last_observed_s = obs.at_s

@@ -157,6 +157,27 @@ def test_a_fresh_learner_takes_both_residual_variances_as_the_others_learned_the
     assert cold.export()["standard|var|tpot|-"][0] == pytest.approx(theirs["standard|var|tpot|-"][0], rel=1e-9)
 
 
+def test_time_per_token_is_learned_at_the_load_a_request_ran_at() -> None:
+    """A pool that fills up behind the requests it takes (a warm-up under the rules piles requests onto it):
+    half the requests arrive at load 2 and run at load 2, half arrive at load 2 and then run beside 250 more
+    (four times slower per token). Learned against the load at arrival, load 2 would look twice as slow as
+    it is, and the policy would send the pool less than it should; against the load they ran at, both
+    loads are right."""
+    learner = Learner()
+    rng = random.Random(3)
+    for _ in range(600):
+        ran_at = rng.choice((2.0, 250.0))
+        _, tpot = truth("speculative", "chat", ran_at)
+        tpot *= math.exp(rng.gauss(0, 0.05))
+        accepted = expected_tokens_per_step(SEGMENTS["chat"], SPECULATIVE.k)
+        learner.observe(Observation("speculative", "chat", 100, 2.0, None, 200 * tpot, 201, accepted, run_load=ran_at))
+    model = learner.model()
+    for load in (2.0, 250.0):
+        predicted = model.predict("speculative", "chat", 100, 1000, load, tokens=(201.0, 100.0))
+        assert predicted is not None
+        assert predicted.tpot_s == pytest.approx(truth("speculative", "chat", load)[1], rel=0.1)
+
+
 def test_load_position_is_log_scaled_and_clipped() -> None:
     assert load_position(0) == 0 and load_position(1) == 1 and load_position(3) == 2
     assert load_position(-5) == 0 and load_position(10**9) == 11

@@ -16,6 +16,7 @@ from backends.emulator.scenarios import LOAD_SHARES, SCENARIOS
 if TYPE_CHECKING:
     from backends.emulator.profiles import Profile
     from backends.emulator.simulate import PolicySet
+    from backends.workloads.loader import Workload
 
 SubParsers = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
@@ -111,6 +112,11 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     parser.add_argument("--scenarios", default="ramp,mix-shift,drift", help="scenarios to run ('' for none)")
     parser.add_argument("--scenario-load", type=float, default=0.7, help="(peak) load share of the scenarios")
     parser.add_argument("--scenario-duration", type=float, default=240.0, help="virtual seconds per scenario")
+    parser.add_argument(
+        "--workload", type=Path, action="append",
+        help="workload YAML with ground truth, or a directory of them (repeatable; default: the shipped "
+             "backends/workloads/data): simulate your own traffic",
+    )  # fmt: skip
     parser.add_argument("--replicas", type=int, default=1, help="engines per pool")
     parser.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between engine-stat scrapes")
     parser.add_argument("--rules", type=Path, help="the reference policy (default gateway/rules-reference.yaml)")
@@ -123,11 +129,17 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
 def _run_simulate(args: argparse.Namespace) -> int:
     from backends.emulator.profiles import ProfileError, load_profile, shipped_profiles
     from backends.emulator.simulate import PolicySet
+    from backends.workloads.loader import load_workload
     from gateway.errors import RulesError
     from gateway.rules import default_rules, load_rules, reference_rules
 
     console = _console()
     try:
+        paths = None if not args.workload else [
+            f for p in args.workload for f in (sorted(p.glob("*.yaml")) if p.is_dir() else [p])]  # fmt: skip
+        workload = load_workload(paths)  # a WorkloadError is a ValueError: a clear message and exit 2
+        if not workload.items:
+            raise ValueError(f"no workload items in {', '.join(map(str, args.workload))}")
         names = shipped_profiles() if args.profile == "all" else [args.profile]
         profiles = [load_profile(name) for name in names]
         reference = load_rules(args.rules) if args.rules else reference_rules()
@@ -135,7 +147,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
         shares = [float(v) for v in args.loads.split(",") if v.strip()]
         qps = [float(v) for v in args.qps.split(",") if v.strip()] if args.qps else None
         scenarios = [v.strip() for v in args.scenarios.split(",") if v.strip()]
-    except (ProfileError, ValueError) as exc:
+    except (ProfileError, ValueError, OSError) as exc:
         console.print(f"specgate simulate: {exc}")
         return 2
     except RulesError as exc:
@@ -150,7 +162,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
     policies = PolicySet(reference, adaptive)
     report = {}
     for profile in profiles:
-        report[profile.name] = _simulate_profile(console, profile, policies, shares, qps, scenarios, args)
+        report[profile.name] = _simulate_profile(console, profile, workload, policies, shares, qps, scenarios, args)
     if args.json:
         args.json.write_text(json.dumps(report, indent=1), encoding="utf-8")
         console.print(f"wrote {args.json} (EMULATED)")
@@ -158,15 +170,13 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _simulate_profile(
-    console: Console, profile: Profile, policies: PolicySet, shares: list[float], qps: list[float] | None,
-    scenarios: list[str], args: argparse.Namespace,
+    console: Console, profile: Profile, workload: Workload, policies: PolicySet, shares: list[float],
+    qps: list[float] | None, scenarios: list[str], args: argparse.Namespace,
 ) -> dict[str, object]:  # fmt: skip
     from backends.emulator.evaluate import check_targets, evaluate_levels, evaluate_scenario
     from backends.emulator.report import levels_table, plot_evaluation, scenarios_table, targets_table
     from backends.emulator.scenarios import capacity_qps
-    from backends.workloads.loader import load_workload
 
-    workload = load_workload()
     capacity = capacity_qps(profile, workload)
     if qps:
         shares = [value / capacity for value in qps]

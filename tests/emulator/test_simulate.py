@@ -207,3 +207,35 @@ def test_the_learner_is_taught_the_load_each_request_ran_at() -> None:
     assert all(obs.run_load is not None for obs in seen)
     assert by_load[0].run_load > by_load[0].load + 5  # arrived first, ran beside the whole burst
     assert by_load[-1].run_load < by_load[-1].load  # arrived last, ran while the others finished
+
+
+def test_simulate_cli_runs_on_an_operators_own_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--workload``: a file (or a directory of them) in the shipped format replaces the shipped workloads.
+    One category of long outputs only (drawn values, as the drawer writes them): the figures follow it."""
+    from backends.workloads.loader import DATA_DIR
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "code.yaml").write_text((DATA_DIR / "code.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    argv = ["simulate", "--qps", "4", "--duration", "15", "--warmup", "2", "--scenarios", "", "--json"]
+    assert main([*argv, str(tmp_path / "shipped.json")]) == 0
+    assert main([*argv, str(tmp_path / "mine.json"), "--workload", str(mine)]) == 0
+    assert main([*argv, str(tmp_path / "file.json"), "--workload", str(mine / "code.yaml")]) == 0
+    capsys.readouterr()
+    shipped, own, file = (json.loads((tmp_path / f"{n}.json").read_text())["a100-70b-draft"]
+                          for n in ("shipped", "mine", "file"))  # fmt: skip
+    assert own == file  # a directory is its files
+    assert own["capacity_qps"] != shipped["capacity_qps"]  # capacity is the workload's: code only here
+    assert own["levels"][0]["summaries"] != shipped["levels"][0]["summaries"]
+
+
+def test_simulate_cli_names_a_bad_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--workload", str(tmp_path / "missing.yaml")]) == 2
+    assert "missing.yaml" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("category: code\nitems:\n  - id: x\n    user: hi\n    max_tokens: 10\n", encoding="utf-8")
+    assert main(["simulate", "--workload", str(bad)]) == 2  # no drawn acceptance / output_tokens
+    assert "bad.yaml" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert main(["simulate", "--workload", str(tmp_path / "empty")]) == 2
+    assert "no workload items" in capsys.readouterr().out

@@ -136,7 +136,7 @@ class _CurveState:
                 points[-1] = ((p * w + position * weight) / total, (v * w + value * weight) / total, total)
             else:
                 points.append((position, value, weight))
-        return points
+        return _monotone(points)
 
     def predict(self, u: float, filled: list[float]) -> float:
         """The filled curve at load position ``u`` (:func:`load_position`, computed once per observation)."""
@@ -380,6 +380,23 @@ class Learner:
             else:
                 state.tpot_var, _ = _blend(state.tpot_var, before, value, weight)
             state.samples = max(state.samples, min(weight, self.cap * 4))
+
+
+def _monotone(points: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
+    """The points with their values replaced by the weighted least-squares non-decreasing fit (pool
+    adjacent violators): a point above the next is averaged with it, by weight, until no point is; each
+    point keeps its position and weight. A light point at a low load with a high value (one slow request
+    seen there) thus barely moves the well-known points after it, where a running maximum would have lifted
+    the whole curve above it to its value."""
+    blocks: list[list[float]] = []  # [value, weight, points in the block]
+    for _, value, weight in points:
+        blocks.append([value, weight, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, n2 = blocks.pop()
+            v1, w1, n1 = blocks[-1]
+            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
+    values = [v for v, _, n in blocks for _ in range(int(n))]
+    return [(position, value, weight) for (position, _, weight), value in zip(points, values, strict=True)]
 
 
 def _cell(cells: dict[_K, _Cell], key: _K) -> _Cell:

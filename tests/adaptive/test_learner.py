@@ -178,6 +178,26 @@ def test_time_per_token_is_learned_at_the_load_a_request_ran_at() -> None:
         assert predicted.tpot_s == pytest.approx(truth("speculative", "chat", load)[1], rel=0.1)
 
 
+def test_one_slow_request_at_a_low_load_does_not_lift_the_curve_above_it() -> None:
+    """A pool that is flat at 20 ms per token from load 7 up (hundreds of requests), and one request seen
+    alone that took 90 ms per token (a long prefill, an outlier). The curve stays non-decreasing by pooling
+    that point with its well-known neighbour, weighted: it barely moves the loads that traffic runs at
+    (a running maximum lifted every load above it to 90 ms, and the pool looked 4.5x slower than it is)."""
+    learner = Learner()
+    rng = random.Random(4)
+    for i in range(400):
+        load, tpot = rng.uniform(7, 40), 0.02 * math.exp(rng.gauss(0, 0.05))
+        if i == 200:
+            load, tpot = 1.0, 0.09
+        learner.observe(Observation("speculative", "chat", 100, load, None, tpot * 200, 201, 2.0))
+    model = learner.model()
+    for load in (8.0, 16.0, 32.0):
+        predicted = model.predict("speculative", "chat", 100, 1000, load, tokens=(201.0, 100.0))
+        assert predicted is not None and predicted.tpot_s == pytest.approx(0.02, rel=0.1)
+    low = model.predict("speculative", "chat", 100, 1000, 1.0, tokens=(201.0, 100.0))
+    assert low is not None and low.tpot_s <= 0.0205  # never above the loads after it
+
+
 def test_load_position_is_log_scaled_and_clipped() -> None:
     assert load_position(0) == 0 and load_position(1) == 1 and load_position(3) == 2
     assert load_position(-5) == 0 and load_position(10**9) == 11

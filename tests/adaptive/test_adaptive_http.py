@@ -157,12 +157,14 @@ def _drift(speculative_app: EmulatorApp, standard: str, speculative: str, tmp_pa
         send(gateway.url, 40, 2, 0)  # warm-up on the mixed workload
         before = send_items(gateway.url, code, 30)
         assert speculative_app.core.drift("code", 0.05) > 0
-        after = send_items(gateway.url, code, 100)
+        after = send_items(gateway.url, code, 140)
     print(f"\ncode to speculative: before the drift {spec_share(before):.0%}, "
           f"after it {spec_share(after[:20]):.0%}, then {spec_share(after[20:50]):.0%}, "
-          f"then {spec_share(after[50:]):.0%}")  # fmt: skip
+          f"then {spec_share(after[50:100]):.0%}, then {spec_share(after[100:]):.0%}")  # fmt: skip
     assert spec_share(before) >= 0.6
-    assert spec_share(after[60:]) <= 0.25  # (a few explored, or split where the predictions are close)
+    # the share falls over the first ~100 requests after the drift (16-34 % in requests 50-100 over six runs
+    # on 8100983 and this tree, 34 % once under a loaded CI machine); judged on the 40 after those
+    assert spec_share(after[100:]) <= 0.25  # (a few explored, or split where the predictions are close)
 
 
 def send_items(url: str, items: list[WorkloadItem], count: int) -> list[tuple[str, str]]:

@@ -46,6 +46,26 @@ class LoadClock:
         self.count += change
         return self.area, now
 
+    def begin(self, now: float | None = None) -> LoadSpan:
+        """One more request on the pool, from ``now``: :meth:`LoadSpan.end` takes it off again."""
+        area, at = self.move(1, now)
+        return LoadSpan(self, area, at, self.count)
+
+
+class LoadSpan:
+    """One request's time on a pool's :class:`LoadClock`, from just after it was counted."""
+
+    __slots__ = ("area", "at", "clock", "count")
+
+    def __init__(self, clock: LoadClock, area: float, at: float, count: int) -> None:
+        self.clock, self.area, self.at, self.count = clock, area, at, count
+
+    def end(self, now: float | None = None) -> float | None:
+        """Takes the request off the pool; returns how far the pool's count averaged above its value just
+        after the request was counted, over the request's life (None when no time passed)."""
+        area, now = self.clock.move(-1, now)
+        return (area - self.area) / (now - self.at) - self.count if now > self.at else None
+
 
 @dataclass(eq=False)
 class Replica:
@@ -110,7 +130,7 @@ class Booking:
     the load it arrived at (a pool that filled up behind it, as in a warm-up, would otherwise teach that a
     low load is slow)."""
 
-    __slots__ = ("_area", "_at", "_clock", "_count", "probe", "released", "replica", "run_shift", "tokens")
+    __slots__ = ("_span", "probe", "released", "replica", "run_shift", "tokens")
 
     def __init__(self, replica: Replica, tokens: int, probe: bool = False) -> None:
         self.replica = replica
@@ -118,16 +138,12 @@ class Booking:
         self.probe = probe  # the half-open breaker's one trial request
         self.released = False
         self.run_shift: float | None = None
-        clock = self._clock = replica.clock
-        self._area, self._at = clock.move(1)
-        self._count = clock.count
+        self._span = replica.clock.begin()
 
     def release(self) -> None:
         if not self.released:
             self.released = True
-            area, now = self._clock.move(-1)
-            if now > self._at:
-                self.run_shift = (area - self._area) / (now - self._at) - self._count
+            self.run_shift = self._span.end()
             self.replica._unbook(self.tokens, self.probe)
 
 

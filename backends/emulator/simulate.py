@@ -39,7 +39,7 @@ from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.decide import decide
 from gateway.features import RequestFeatures
-from gateway.pools import LoadClock
+from gateway.pools import LoadClock, LoadSpan
 from gateway.qps import LocalQps
 from gateway.rules import RoutingRules
 from gateway.snapshot import POOL_NAMES, SPECULATIVE, STANDARD, PoolSnapshot, Snapshot
@@ -106,8 +106,7 @@ class _Progress:
     load: float
     explored: bool
     request: EngineRequest
-    booked_area: float  # the pool's in-flight-seconds integral at admission
-    booked_inflight: int  # the pool's in-flight count just after this request was booked
+    span: LoadSpan  # its time on the pool's load clock, as a gateway booking keeps it
     first_token_s: float | None = None
     drafted_steps: int = 0
     drafted_tokens: int = 0
@@ -222,9 +221,8 @@ class Simulation:
         )
         replica.engine.add(request)
         replica.inflight += 1
-        clock = self._clocks[replica.pool]
-        booked, _ = clock.move(1, now)
-        live[request] = _Progress(arrival, replica, reason, load, explored, request, booked, clock.count)
+        span = self._clocks[replica.pool].begin(now)
+        live[request] = _Progress(arrival, replica, reason, load, explored, request, span)
         if replica.outcome is None:
             replica.start_step(now)
 
@@ -261,13 +259,12 @@ class Simulation:
             if emission.finished:
                 live.pop(emission.request)
                 replica.inflight -= 1
-                area, _ = self._clocks[replica.pool].move(-1, now)
-                results.append(self._result(progress, now, area))
+                results.append(self._result(progress, now, progress.span.end(now)))
         replica.outcome, replica.step_end_s = None, math.inf
         if replica.engine.has_work:
             replica.start_step(now)
 
-    def _result(self, progress: _Progress, finished_s: float, area: float) -> RequestResult:
+    def _result(self, progress: _Progress, finished_s: float, run_shift: float | None) -> RequestResult:
         arrival = progress.arrival
         first = progress.first_token_s if progress.first_token_s is not None else finished_s
         result = RequestResult(
@@ -289,9 +286,7 @@ class Simulation:
             acceptance = progress.drafted_tokens / progress.drafted_steps if progress.drafted_steps else None
             seen_ttft = result.ttft_s if features.stream else None  # a whole reply shows only its end
             # the load it ran at, as the gateway learns it (gateway.pools.Booking.run_shift)
-            span = result.latency_s
-            shift = (area - progress.booked_area) / span - progress.booked_inflight if span > 0 else 0.0
-            run_load = max(progress.load + shift, 0.0)
+            run_load = progress.load if run_shift is None else max(progress.load + run_shift, 0.0)
             self.learner.observe(Observation(
                 result.pool, segment_of(features.task, features.copy), features.prompt_tokens, progress.load,
                 seen_ttft, result.latency_s, result.output_tokens, acceptance, finished_s, run_load,

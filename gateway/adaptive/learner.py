@@ -369,7 +369,6 @@ class Learner:
             cell = state.mean_log_acceptance
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
 
-
     def _absorb_variances(self, state: _PoolState, entries: list[tuple[str, float, float]]) -> None:
         """Both residual variances blended against the pool's sample count as it was before this sync (the
         count is one weight for both: raising it for the first would let the second barely move)."""

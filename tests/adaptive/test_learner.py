@@ -128,11 +128,17 @@ def test_output_length_is_learned_per_segment_and_capped_by_max_tokens() -> None
     assert LatencyModel().expected_tokens("x", 100) == (50.0, 0.0)  # nothing known: half of max_tokens
 
 
-def test_sharing_brings_a_cold_learner_to_what_the_others_know() -> None:
+def _warm_and_synced(seed: int = 6) -> tuple[Learner, Learner]:
+    """A learner taught 2,000 observations, and a fresh one that has absorbed its export once."""
     warm, cold = Learner(), Learner()
-    for obs in observations(random.Random(6), 2000):
+    for obs in observations(random.Random(seed), 2000):
         warm.observe(obs)
     cold.absorb(warm.export())
+    return warm, cold
+
+
+def test_sharing_brings_a_cold_learner_to_what_the_others_know() -> None:
+    warm, cold = _warm_and_synced()
     a, b = warm.model(), cold.model()
     for pool in ("standard", "speculative"):
         pa, pb = a.predict(pool, "chat", 100, 200, 30), b.predict(pool, "chat", 100, 200, 30)
@@ -144,10 +150,7 @@ def test_sharing_brings_a_cold_learner_to_what_the_others_know() -> None:
 def test_a_fresh_learner_takes_both_residual_variances_as_the_others_learned_them() -> None:
     """The two variances share one sample count: the second must not be blended against the count the
     first has just raised (a fresh replica took about half of the others' time-per-token variance)."""
-    warm, cold = Learner(), Learner()
-    for obs in observations(random.Random(6), 2000):
-        warm.observe(obs)
-    cold.absorb(warm.export())
+    warm, cold = _warm_and_synced()
     theirs, mine = warm.export(), cold.export()
     for pool in ("standard", "speculative"):
         for part in ("ttft", "tpot"):

@@ -6,6 +6,7 @@ bad parameter, so a malformed request is rejected before any routing or forwardi
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ class RequestFeatures:
     headers: Mapping[str, str]  # lower-case names
     draw: float = 0.5  # uniform in [0, 1), drawn at extraction: the request's randomness (exploration, split)
     copy: bool = False  # the prompt carries text to transform (a code block, a long quoted passage)
+    template: str | None = None  # a stable id of the system prompt (the application), None without one
     objective: str | None = None  # "e2e" or "ttft" from x-specgate-objective; None: the rules file's
     slo_ttft_ms: float | None = None  # x-specgate-slo-ttft-ms
     slo_e2e_ms: float | None = None  # x-specgate-slo-e2e-ms
@@ -53,24 +55,33 @@ class Classifier:
             (name, tuple(k.lower() for k in cues.keywords), tuple(compile_cue_pattern(p) for p in cues.patterns))
             for name, cues in rules.tasks.items()
         ]
-        self._system_cache: dict[str, str | None] = {}
+        self._system_cache: dict[str, tuple[str | None, str]] = {}  # key -> (its task or None, template id)
 
     def classify(self, system: str | None, user: str | None) -> str:
+        return self.classify_with_template(system, user)[0]
+
+    def classify_with_template(self, system: str | None, user: str | None) -> tuple[str, str | None]:
+        """The task, and the system prompt's template id (None without a system prompt): a digest of the
+        characters classification reads, stable across processes (it is shared through Redis), so requests of
+        one application, whatever their user messages, share what the learner knows about its template."""
+        template = None
         if system:
             key = system[: self._chars]  # all _match reads; never the whole (up to max_body_bytes) prompt
-            task = self._system_cache.get(key)
-            if task is None and key not in self._system_cache:
-                task = self._match(key)
+            cached = self._system_cache.get(key)
+            if cached is None:
+                digest = hashlib.blake2b(key.encode("utf-8", "replace"), digest_size=8).hexdigest()
+                cached = (self._match(key), digest)
                 if len(self._system_cache) >= _CACHE_LIMIT:
                     self._system_cache.clear()
-                self._system_cache[key] = task
+                self._system_cache[key] = cached
+            task, template = cached
             if task is not None:
-                return task
+                return task, template
         if user:
             task = self._match(user)
             if task is not None:
-                return task
-        return self._default
+                return task, template
+        return self._default, template
 
     def _match(self, text: str) -> str | None:
         head = text[: self._chars]
@@ -126,17 +137,19 @@ def request_features(
     """The features every routed endpoint shares, once the endpoint has read its model, length and texts:
     task, stream, n (where the endpoint has it), temperature, the request's draw, the copy cue and the
     routing headers (objective, SLOs), validated in that order."""
+    task, template = classifier.classify_with_template(system, user)
     return RequestFeatures(
         model=model,
         max_tokens=max_tokens,
         prompt_tokens=prompt_tokens,
-        task=classifier.classify(system, user),
+        task=task,
         stream=_optional(body, "stream", bool, False),
         n=_positive_int(body, "n", 1) if has_n else 1,
         temperature=_temperature(body),
         headers=headers,
         draw=random.random() if draw is None else draw,
         copy=has_copy_cue(user),
+        template=template,
         objective=_objective(headers),
         slo_ttft_ms=_slo(headers, "x-specgate-slo-ttft-ms"),
         slo_e2e_ms=_slo(headers, "x-specgate-slo-e2e-ms"),

@@ -185,7 +185,7 @@ class GatewayState:
         run_load = None if run_shift is None else max(decision.load + self.snapshot.gateways * run_shift, 0.0)
         self._pending.append(Observation(
             decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
-            at_s=time.monotonic(), run_load=run_load,
+            at_s=time.monotonic(), run_load=run_load, template=features.template,
         ))  # fmt: skip
         predicted = decision.predicted
         if predicted is not None:

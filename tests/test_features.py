@@ -50,8 +50,28 @@ def test_system_prompt_classification_is_cached() -> None:
     system = "You are a professional translator."
     assert classifier.classify(system, "x") == "translation"
     assert system in classifier._system_cache
-    classifier._system_cache[system] = "code"  # a cached answer is used without re-reading the cues
+    template = classifier._system_cache[system][1]
+    classifier._system_cache[system] = ("code", template)  # a cached answer is used without re-reading the cues
     assert classifier.classify(system, "x") == "code"
+
+
+def test_a_system_prompt_gives_a_stable_template_id_whatever_the_user_message() -> None:
+    """The template id keys what the learner knows about one application's prompts: the same for every user
+    message under one system prompt, the same in another process (a digest, not Python's salted hash), none
+    without a system prompt, and only the characters classification reads count."""
+    classifier = Classifier(RULES)
+    system = "You are a professional translator."
+    task, template = classifier.classify_with_template(system, "rename x")
+    assert task == "translation" and template is not None and len(template) == 16
+    assert classifier.classify_with_template(system, "something else entirely")[1] == template
+    assert Classifier(RULES).classify_with_template(system, "x")[1] == template  # a fresh cache, the same id
+    assert classifier.classify_with_template("You are a helpful assistant.", "x")[1] != template
+    assert classifier.classify_with_template(None, "def f(): pass")[1] is None
+    chars = RULES.defaults.classify_chars
+    long_a, long_b = "s" * chars + "tail one", "s" * chars + "tail two"
+    assert classifier.classify_with_template(long_a, "x")[1] == classifier.classify_with_template(long_b, "x")[1]
+    body = {"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]}
+    assert features(body).template == template
 
 
 def features(body: dict[str, Any], kind: str = "chat") -> Any:

@@ -290,6 +290,7 @@ class Simulation:
             self.learner.observe(Observation(
                 result.pool, segment_of(features.task, features.copy), features.prompt_tokens, progress.load,
                 seen_ttft, result.latency_s, result.output_tokens, acceptance, finished_s, run_load,
+                features.template,
             ))  # fmt: skip
         return result
 

@@ -31,6 +31,7 @@ from gateway.adaptive.model import (
     PoolModel,
     load_position,
     prompt_bin,
+    template_key,
 )
 
 INITIAL_VAR = 0.25  # log-seconds squared before any residual is seen (sigma 0.5, a factor of 1.65)
@@ -38,6 +39,7 @@ LENGTH_WINDOW = 256  # recent output lengths kept per segment
 _K = TypeVar("_K", int, str)
 REFILL_EVERY = 16  # observations between refreshes of a curve's fill (also refreshed by every freeze)
 MERGE_DISTANCE = 0.5  # curve points nearer than this (in log2(1 + load)) are one point
+TEMPLATES = 1024  # per pool: the system-prompt templates whose residuals are kept (least recently seen go first)
 # What ``export`` means: bump it whenever a number's unit or meaning changes, so that replicas of two versions
 # (a rolling upgrade) share only with their own kind. 2: a speculative pool's tpot curve is time per engine step
 # and its offsets -log(acceptance) (Dec 2026); 1 (never written out) was time per token.
@@ -56,6 +58,7 @@ class Observation:
     acceptance_length: float | None = None  # vLLM's per-request mean acceptance length (speculative pool)
     at_s: float = 0.0  # the learner's clock (monotonic seconds in the gateway, virtual in the simulator)
     run_load: float | None = None  # the pool's mean load while the request ran (None: ``load``)
+    template: str | None = None  # the request's system-prompt template id (gateway.features)
 
 
 @dataclass
@@ -191,6 +194,9 @@ class _PoolState:
     ttft_offsets: dict[int, _Cell] = field(default_factory=dict)
     tpot_offsets: dict[str, _Cell] = field(default_factory=dict)
     acceptance: dict[str, _Cell] = field(default_factory=dict)
+    # per "segment#template": what the template's requests leave over after the segment's tpot offset (in the
+    # offset's units), least recently seen first, at most TEMPLATES
+    templates: dict[str, _Cell] = field(default_factory=dict)
     mean_log_acceptance: _Cell = field(default_factory=_Cell)
     ttft_var: float = INITIAL_VAR
     tpot_var: float = INITIAL_VAR
@@ -253,12 +259,16 @@ class Learner:
             # exploration) counts for more than one sample among twenty
             offset.weight *= math.exp(-(obs.at_s - seen - self.forget_s) / self.forget_s)
         state.segment_seen[obs.segment] = obs.at_s
+        key = template_key(obs.segment, obs.template)
+        template = None if key is None else _template(state.templates, key)
         mean_log_a = state.mean_log_acceptance
         if obs.acceptance_length is not None and obs.acceptance_length >= 1.0:
             log_a = math.log(obs.acceptance_length)
             mean_log_a.step(log_a, 1.0, floor, cap)
             _cell(state.acceptance, obs.segment).step(obs.acceptance_length, 1.0, floor, cap)
             before = _log_tpot_offset(offset, mean_log_a)
+            if template is not None:  # how far this template's acceptance lies from its segment's
+                template.step(-log_a - before, 1.0, floor, cap)
             offset.step(-log_a, 1.0, floor, cap)
             # The curve learns the engine's time per step at this load (time per token x tokens per step), the
             # offset -log(acceptance): the load's effect apart from the mix of acceptances the pool serves at
@@ -269,7 +279,7 @@ class Learner:
         elif mean_log_a.weight > 0:  # a pool that reports acceptance, a reply without it: the segment's own
             error = state.tpot.step(u, target - _log_tpot_offset(offset, mean_log_a), floor, cap)
         else:
-            error = _fit(state.tpot, offset, u, target, floor, cap)
+            error = _fit(state.tpot, offset, u, target, floor, cap, template)
         state.tpot_var += floor * (error * error - state.tpot_var)
 
     def _remember_length(self, segment: str, tokens: int) -> None:
@@ -307,6 +317,8 @@ class Learner:
                 out[f"{pool}|tpot|off|{seg}"] = (cell.value, cell.weight)
             for seg, cell in state.acceptance.items():
                 out[f"{pool}|acc|off|{seg}"] = (cell.value, cell.weight)
+            for name, cell in state.templates.items():
+                out[f"{pool}|tmpl|off|{name}"] = (cell.value, cell.weight)
             out[f"{pool}|var|ttft|-"] = (state.ttft_var, state.samples)
             out[f"{pool}|var|tpot|-"] = (state.tpot_var, state.samples)
             out[f"{pool}|mla|-|-"] = (state.mean_log_acceptance.value, state.mean_log_acceptance.weight)
@@ -362,6 +374,8 @@ class Learner:
                 cell = state.ttft_offsets.setdefault(int(key), _Cell())
             elif kind == "tpot":
                 cell = state.tpot_offsets.setdefault(key, _Cell())
+            elif kind == "tmpl":
+                cell = _template(state.templates, key)
             else:
                 cell = state.acceptance.setdefault(key, _Cell())
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
@@ -406,9 +420,12 @@ def _cell(cells: dict[_K, _Cell], key: _K) -> _Cell:
     return cell
 
 
-def _fit(curve: _CurveState, offset: _Cell, u: float, target: float, floor: float, cap: float) -> float:
-    """One step of the additive model ``target ~ curve(load) + offset`` at load position ``u``; returns the
-    curve's error.
+def _fit(
+    curve: _CurveState, offset: _Cell, u: float, target: float, floor: float, cap: float,
+    template: _Cell | None = None,
+) -> float:  # fmt: skip
+    """One step of the additive model ``target ~ curve(load) + offset (+ template)`` at load position ``u``;
+    returns the curve's error. The template cell learns what the offset leaves over.
 
     The curve learns the pool's level at each load over whatever mix of requests it serves; the offset
     learns what the curve leaves over for its cell. (Fitting both to each other's residuals lets a common
@@ -419,8 +436,22 @@ def _fit(curve: _CurveState, offset: _Cell, u: float, target: float, floor: floa
     after = curve.filled()
     # the step left the curve's fill as it was (no new node): the offset's residual is the curve's error
     residual = error if after is before else target - curve.predict(u, after)
+    if template is not None:
+        template.step(residual - offset.value, 1.0, floor, cap)
     offset.step(residual, 1.0, floor, cap)
     return error
+
+
+def _template(cells: dict[str, _Cell], key: str) -> _Cell:
+    """``cells[key]`` (made on first use) moved to the most recently seen end; past TEMPLATES, the least
+    recently seen template is dropped: request data keys this table, so it must stay bounded."""
+    cell = cells.pop(key, None)
+    if cell is None:
+        cell = _Cell()
+        if len(cells) >= TEMPLATES:
+            del cells[next(iter(cells))]
+    cells[key] = cell
+    return cell
 
 
 def _log_tpot_offset(offset: _Cell, mean_log_a: _Cell) -> float:
@@ -471,6 +502,7 @@ def _freeze_pool(state: _PoolState) -> PoolModel:
         tpot_var=state.tpot_var,
         samples=state.samples,
         acceptance={k: Offset(c.value, c.weight) for k, c in state.acceptance.items()},
+        template_offsets={k: Offset(c.value, c.weight) for k, c in state.templates.items()},
         last_observed_s=state.last_observed_s,
         segment_seen=dict(state.segment_seen),
     )

@@ -42,6 +42,11 @@ def segment_of(task: str, copy: bool) -> str:
     return f"{task}/copy" if copy else task
 
 
+def template_key(segment: str, template: str | None) -> str | None:
+    """What a system-prompt template's offset is learned under: within its segment."""
+    return None if template is None else f"{segment}#{template}"
+
+
 @dataclass(frozen=True, slots=True)
 class Curve:
     """Log-seconds as a non-decreasing piecewise-linear function of ``log2(1 + load)``."""
@@ -91,12 +96,14 @@ class PoolModel:
     acceptance: Mapping[str, Offset] = field(default_factory=dict)  # mean acceptance length per segment
     last_observed_s: float | None = None  # the learner's clock at the last observation
     segment_seen: Mapping[str, float] = field(default_factory=dict)  # the clock at each segment's last one
+    template_offsets: Mapping[str, Offset] = field(default_factory=dict)  # by "segment#template", over tpot_offsets
     # derived in __post_init__ (a model is built every model refresh, read by every request)
     has_ttft: bool = field(init=False, default=False)  # a stream was seen: the first token's time is known
     ttft_shift: Mapping[int, float] = field(init=False, default_factory=dict)  # shrunk offsets by prompt bin
     # per segment: (shrunk offset, its exp, its weight, the weight + SHRINK)
     tpot_shift: Mapping[str, tuple[float, float, float, float]] = field(init=False, default_factory=dict)
     added_slope: tuple[float, ...] = field(init=False, default=())  # per node: see _added_slopes
+    template_shift: Mapping[str, float] = field(init=False, default_factory=dict)  # shrunk template offsets
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "has_ttft", any(self.ttft.weights))
@@ -104,6 +111,7 @@ class PoolModel:
         shifts = {k: (o.shrunk, math.exp(o.shrunk), o.weight, o.weight + SHRINK) for k, o in self.tpot_offsets.items()}
         object.__setattr__(self, "tpot_shift", shifts)
         object.__setattr__(self, "added_slope", _added_slopes(self.tpot))
+        object.__setattr__(self, "template_shift", {k: o.shrunk for k, o in self.template_offsets.items()})
 
 
 def _added_slopes(curve: Curve) -> tuple[float, ...]:
@@ -222,10 +230,12 @@ class LatencyModel:
 
     def predict(
         self, pool: str, segment: str, prompt_tokens: int, max_tokens: int, load: float, objective: str = "e2e",
-        externality: float = 1.0, tokens: tuple[float, float] | None = None,
+        externality: float = 1.0, tokens: tuple[float, float] | None = None, template: str | None = None,
     ) -> Prediction | None:  # fmt: skip
         """The pool's predicted latency for one request at ``load``, or None for a pool never observed.
-        ``tokens``: :meth:`expected_tokens` for the request, when the caller has it already (both pools')."""
+        ``tokens``: :meth:`expected_tokens` for the request, when the caller has it already (both pools').
+        ``template``: :func:`template_key` of the request's system-prompt template, whose learned offset (shrunk
+        by its samples) adds to the segment's."""
         found = self.pools.get(pool)
         if found is None:
             return None
@@ -244,6 +254,11 @@ class LatencyModel:
         f = u - i
         g = 1.0 - f
         shift, exp_shift, seg_weight, seg_cap = found.tpot_shift.get(segment, _NO_SHIFT)
+        if template is not None:
+            extra = found.template_shift.get(template)
+            if extra:
+                shift += extra
+                exp_shift = math.exp(shift)
         tpot_values, tpot_weights = found.tpot.values, found.tpot.weights
         tpot = math.exp(tpot_values[i] * g + tpot_values[i + 1] * f + shift)
         tpot_w = tpot_weights[i] * g + tpot_weights[i + 1] * f

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gateway.adaptive.model import Prediction, prediction_for, segment_of
+from gateway.adaptive.model import Prediction, prediction_for, segment_of, template_key
 from gateway.features import RequestFeatures
 from gateway.rules import AdaptiveConfig, RoutingRules
 from gateway.snapshot import POOL_NAMES, Snapshot, other_pool, pool_load
@@ -48,11 +48,12 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
     segment = segment_of(features.task, features.copy)
     tokens = model.expected_tokens(segment, features.max_tokens)  # the same for both pools
     externality, extra = rules.adaptive.externality, features.n - 1
+    template = template_key(segment, features.template)
     out = []
     for name in POOL_NAMES:
         prediction = model.predict(
             name, segment, features.prompt_tokens, features.max_tokens, pool_load(snapshot, name) + extra,
-            objective, externality, tokens,
+            objective, externality, tokens, template,
         )  # fmt: skip
         if prediction is not None:
             out.append(prediction)

@@ -318,7 +318,9 @@ class Learner:
             for seg, cell in state.acceptance.items():
                 out[f"{pool}|acc|off|{seg}"] = (cell.value, cell.weight)
             for name, cell in state.templates.items():
-                out[f"{pool}|tmpl|off|{name}"] = (cell.value, cell.weight)
+                # part "tmpl", not "off": replicas of the version before templates ignore a part they do not
+                # know, where an "off" would be filed as an offset of theirs (no EXPORT_FORMAT bump needed)
+                out[f"{pool}|tpot|tmpl|{name}"] = (cell.value, cell.weight)
             out[f"{pool}|var|ttft|-"] = (state.ttft_var, state.samples)
             out[f"{pool}|var|tpot|-"] = (state.tpot_var, state.samples)
             out[f"{pool}|mla|-|-"] = (state.mean_log_acceptance.value, state.mean_log_acceptance.weight)
@@ -374,10 +376,11 @@ class Learner:
                 cell = state.ttft_offsets.setdefault(int(key), _Cell())
             elif kind == "tpot":
                 cell = state.tpot_offsets.setdefault(key, _Cell())
-            elif kind == "tmpl":
-                cell = _template(state.templates, key)
             else:
                 cell = state.acceptance.setdefault(key, _Cell())
+            cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
+        elif part == "tmpl":
+            cell = _template(state.templates, key)
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
         elif kind == "mla":
             cell = state.mean_log_acceptance

@@ -75,6 +75,22 @@ def _pool_view(pool: PoolModel, now_s: float) -> dict[str, Any]:
             for seg, off in sorted(pool.acceptance.items())
         },
         "residual_sigma": {"ttft": round(math.sqrt(pool.ttft_var), 3), "tpot": round(math.sqrt(pool.tpot_var), 3)},
+        "templates": _templates_view(pool),
+    }
+
+
+def _templates_view(pool: PoolModel) -> dict[str, Any]:
+    """How many system-prompt templates the pool has offsets for, per segment, and the range of their
+    factors over the segment's (digests only: no prompt text is kept)."""
+    by_segment: dict[str, int] = {}
+    for key in pool.template_offsets:
+        segment = key.split("#", 1)[0]
+        by_segment[segment] = by_segment.get(segment, 0) + 1
+    shifts = list(pool.template_shift.values())
+    return {
+        "count": len(pool.template_offsets),
+        "by_segment": dict(sorted(by_segment.items())),
+        "factor_range": [round(math.exp(min(shifts)), 3), round(math.exp(max(shifts)), 3)] if shifts else None,
     }
 
 

@@ -13,6 +13,7 @@ from backends.emulator.timing import TimingModel, expected_tokens_per_step
 from gateway.adaptive import learner as learner_module
 from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, template_key
+from gateway.adaptive.views import model_view
 from gateway.decide import decide
 from gateway.features import RequestFeatures
 from gateway.rules import default_rules
@@ -112,7 +113,7 @@ def test_a_fresh_learner_takes_the_templates_the_others_learned() -> None:
     warm = taught(with_acceptance=True)
     model = warm.model(1.0)
     exported = warm.export()
-    assert any("|tmpl|" in name for name in exported)
+    assert any("|tpot|tmpl|" in name for name in exported)
     fresh = Learner(learning_rate=0.05)
     fresh.absorb(exported)
     key = template_key("code", "writer")
@@ -120,3 +121,11 @@ def test_a_fresh_learner_takes_the_templates_the_others_learned() -> None:
     ours = fresh.model(1.0).predict(SPECULATIVE, "code", 100, 256, 0, template=key)
     assert theirs is not None and ours is not None
     assert ours.tpot_s == pytest.approx(theirs.tpot_s, rel=0.02)
+
+
+def test_the_model_view_counts_the_templates_without_naming_their_prompts() -> None:
+    view = model_view(trained(with_acceptance=True), default_rules(), 1.0, True)
+    templates = view["pools"][SPECULATIVE]["templates"]
+    assert templates["count"] == 2 and templates["by_segment"] == {"code": 2}
+    low, high = templates["factor_range"]
+    assert low < 1.0 < high  # the editor faster than its segment, the writer slower

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry  # the asyncio client's own (redis 8 warns on, and converts, the sync one)
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
 QPS_BUCKET_TTL_EXTRA_S = 10
 _MEMORY_VALUES_LIMIT = 100_000  # past this many values, expired ones are dropped on the next put

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from starlette.types import Receive, Scope, Send
@@ -39,11 +39,11 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.features import RequestFeatures
+from gateway.features import RequestFeatures, estimate_tokens
 from gateway.guard import Guard
 from gateway.limits import Admission
 from gateway.pools import Replica
-from gateway.proxy import ChunkReader, _Relay, begin, read_body, send_error
+from gateway.proxy import ChunkReader, _Relay, begin, parse_json_object, read_body, send_error
 from gateway.response_ids import ID_PATTERN, ResponseOwners
 from gateway.snapshot import other_pool
 from gateway.state import GatewayState
@@ -56,6 +56,9 @@ class Endpoint:
     path: str  # exact, or with one "{id}" segment
     query: bool = False  # pass the query string on (GET endpoints that take one)
     owner: bool = False  # {id} names a response: go to the replica that created it
+    # generates text (another API's chat): a key's max_tokens cap applies, and its token limit is charged as
+    # for chat (prompt estimate + max_tokens per conversation), then corrected by the usage field named here
+    usage: bytes | None = None
 
 
 # vLLM 0.32's public data-plane endpoints besides the routed ones (chat, completions, responses) and the
@@ -80,10 +83,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("POST", "/v2/rerank"),
     Endpoint("POST", "/v1/audio/transcriptions"),
     Endpoint("POST", "/v1/audio/translations"),
-    Endpoint("POST", "/v1/messages"),
+    Endpoint("POST", "/v1/messages", usage=b'"output_tokens":'),  # Anthropic's Messages API
     Endpoint("POST", "/v1/messages/count_tokens"),
-    Endpoint("POST", "/v1/chat/completions/batch"),
-    Endpoint("POST", "/cohere/v2/chat"),
+    Endpoint("POST", "/v1/chat/completions/batch", usage=b'"completion_tokens":'),  # one conversation each
+    Endpoint("POST", "/cohere/v2/chat", usage=b'"output_tokens":'),
     Endpoint("POST", "/generative_scoring"),
     Endpoint("POST", "/v1/systemone"),
     Endpoint("POST", "/v1/chat/completions/render"),
@@ -156,14 +159,20 @@ class PassthroughRoute:
             body = await read_body(receive, headers, state.settings.max_body_bytes)
             pinned = await self._owner(rid, key) if endpoint.owner and rid is not None else None
             decision = Decision(pinned.pool, "response owner", None) if pinned else passthrough_decision(state)
+            features = NO_FEATURES
             if key is not None:
                 decision = key.steer(decision, state.snapshot)
-                admission = state.access.admit(key, NO_FEATURES.prompt_tokens, 0, time.time())
+                if endpoint.usage is not None:
+                    body, features = generation_features(key, body, state.ruleset.rules.defaults.max_tokens)
+                cost = features.max_tokens * features.n
+                admission = state.access.admit(key, features.prompt_tokens, cost, time.time())
         except GatewayError as exc:
             await reject(state, send, exc, request_id, scope["path"], started)
             return
-        relay = PassthroughRelay(state, target, NO_FEATURES, decision, headers, started, request_id)
+        relay = PassthroughRelay(state, target, features, decision, headers, started, request_id)
         relay.method, relay.pinned, relay.generation = endpoint.method, pinned, False
+        if endpoint.usage is not None:
+            relay.usage_key = endpoint.usage
         await run_relay(relay, key, admission, body, receive, send, scope)
 
     async def _owner(self, rid: str, key: ApiKey | None) -> Replica:
@@ -172,6 +181,21 @@ class PassthroughRoute:
         if replica is None or (key is not None and key.pools is not None and replica.pool not in key.pools):
             raise NotFound(f"Response with id '{rid}' not found.", param="response_id")
         return replica
+
+
+def generation_features(key: ApiKey, body: bytes, default_max_tokens: int) -> tuple[bytes, RequestFeatures]:
+    """A text-generating pass-through call under a key: the key's ``max_tokens`` cap (over it a 400, absent it
+    is sent, as for chat), and what its token limit is charged up front: the body's text as a prompt estimate
+    (its JSON keys too: an over-estimate, corrected with the rest when ``usage`` arrives) and ``max_tokens``
+    for each conversation (the batch endpoint's ``messages`` is a list of them)."""
+    payload = parse_json_object(body)
+    body = key.cap(payload, body)
+    value = payload.get("max_tokens")
+    max_tokens = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default_max_tokens
+    messages = payload.get("messages")
+    conversations = len(messages) if isinstance(messages, list) and messages and isinstance(messages[0], list) else 1
+    prompt = estimate_tokens(body.decode("utf-8", "replace"))
+    return body, replace(NO_FEATURES, max_tokens=max_tokens, prompt_tokens=max(prompt, 1), n=conversations)
 
 
 async def run_relay(

@@ -301,3 +301,38 @@ def test_keys_guard_the_pass_through_too(gateway: StartGateway, upstreams: Upstr
     steered = httpx.post(f"{gw.url}/tokenize", json={"prompt": "x"}, headers={"authorization": "Bearer sk-spec"})
     assert steered.json()["upstream"] == "speculative"  # the key's pools bound the pass-through as well
     assert "key: standard not allowed" in steered.headers["x-specgate-reason"]
+
+
+GENERATING_KEYS = """
+keys:
+  - name: capped
+    key: sk-capped
+    max_tokens: 100
+    tpm: 1000
+"""
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/cohere/v2/chat", "/v1/chat/completions/batch"])
+def test_a_keys_cap_and_token_limit_hold_on_the_generating_pass_through(
+    gateway: StartGateway, upstreams: Upstreams, path: str
+) -> None:
+    """Another API's chat under a key: the max_tokens cap and the token limit hold as for chat completions."""
+    gw = gateway(keys=GENERATING_KEYS)
+    bucket = gw.app.state.access.limiter.keys["capped"].tokens
+    assert bucket is not None
+    messages: list[object] = [{"role": "user", "content": "hello"}]
+    conversations = 1
+    if path.endswith("/batch"):
+        messages, conversations = [messages, messages], 2
+    with httpx.Client(base_url=gw.url, headers={"authorization": "Bearer sk-capped"}) as client:
+        over = client.post(path, json={"messages": messages, "max_tokens": 500})
+        assert over.status_code == 400 and over.json()["error"]["param"] == "max_tokens"
+        assert everything_seen(upstreams) == []  # refused before it reached a pool
+        filled = client.post(path, json={"messages": messages}, headers={"x-fake-usage": "7"})
+        assert filled.status_code == 200, filled.text
+        assert '"max_tokens":100' in filled.json()["body"]  # the cap is sent when the request names none
+        booked = 1000 - int(filled.headers["x-ratelimit-remaining-tokens"])
+        assert booked >= 100 * conversations  # charged up front as chat is: max_tokens per conversation
+    # corrected by the usage the reply reported, once the relay has finished (just after the client's read)
+    wait_for(lambda: bucket.limit - bucket.level < booked, what="the usage correction")
+    assert bucket.limit - bucket.level > 7

@@ -102,6 +102,9 @@ class FakeUpstream:
             "request_id": request.headers.get("x-request-id"),
             "body": body.decode("utf-8", "replace"),
         }
+        usage = request.headers.get("x-fake-usage")  # as generating APIs report it (OpenAI's and Anthropic's names)
+        if usage is not None:
+            echo["usage"] = {"completion_tokens": int(usage), "output_tokens": int(usage)}
         status = int(request.headers.get("x-fake-status", 200))
         return web.Response(status=status, body=orjson.dumps(echo), content_type="application/json")
 

@@ -309,6 +309,19 @@ def test_no_pod_gets_service_link_variables_that_look_like_settings(helm: Path) 
     assert pods and all(pod["enableServiceLinks"] is False for pod in pods)
 
 
+def test_the_service_monitor_sends_the_admin_token_when_metrics_need_it(render: Render) -> None:
+    monitor = ["--set", "metrics.serviceMonitor.enabled=true", "--set", "gateway.auth.adminTokenSecret=specgate-admin"]
+    open_metrics = by_kind(render(*monitor), "ServiceMonitor")["rel-specgate-gateway"]["spec"]["endpoints"][0]
+    assert "authorization" not in open_metrics
+    docs = render(*monitor, "--set", "gateway.auth.metricsNeedAdmin=true")
+    endpoint = by_kind(docs, "ServiceMonitor")["rel-specgate-gateway"]["spec"]["endpoints"][0]
+    secret = {"name": "specgate-admin", "key": "admin-token"}
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": secret}
+    container = by_kind(docs, "Deployment")["rel-specgate-gateway"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SPECGATE_ADMIN_TOKEN"]["valueFrom"]["secretKeyRef"] == secret  # the token the gateway checks
+
+
 def test_keys_admin_token_and_pool_keys_come_from_secrets(render: Render) -> None:
     default = by_kind(render(), "Deployment")["rel-specgate-gateway"]["spec"]["template"]["spec"]
     names = {e["name"] for e in default["containers"][0]["env"]}

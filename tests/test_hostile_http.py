@@ -117,17 +117,30 @@ def test_hop_by_hop_request_headers_are_dropped(gateway: StartGateway, upstreams
     assert received.get("connection", "keep-alive").lower() == "keep-alive"  # the gateway's own, if any
 
 
+def test_a_chunked_request_is_forwarded_with_its_own_framing(gateway: StartGateway, upstreams: Upstreams) -> None:
+    """The client's Transfer-Encoding is hop-by-hop too: the pool gets the body the gateway read, framed anew."""
+    gw = gateway()
+    head = ["POST /v1/chat/completions HTTP/1.1", "Host: x", "Transfer-Encoding: chunked"]
+    half = len(BODY) // 2
+    chunks = b"".join(b"%x\r\n%b\r\n" % (len(part), part) for part in (BODY[:half], BODY[half:])) + b"0\r\n\r\n"
+    assert status_of(raw_exchange(gw.url, ("\r\n".join(head) + "\r\n\r\n").encode() + chunks)) == 200
+    received = {k.lower(): v for k, v in upstreams.standard.last_headers.items()}
+    assert "transfer-encoding" not in received and received["content-length"] == str(len(BODY))
+    assert upstreams.standard.last_body is not None and upstreams.standard.last_body["messages"]
+
+
 @pytest.mark.parametrize("client", ["auto", "aiohttp", "httpx"])
 def test_hop_by_hop_response_headers_are_dropped(gateway: StartGateway, client: str) -> None:
     gw = gateway(upstream_client=client)
     extra = {"Connection": "X-Upstream-Hop", "X-Upstream-Hop": "1", "Keep-Alive": "timeout=9", "Trailer": "X-Sum",
-             "Upgrade": "h2c", "Proxy-Authenticate": "Basic", "X-Upstream-Kept": "yes"}  # fmt: skip
+             "Upgrade": "h2c", "Proxy-Authenticate": "Basic", "TE": "trailers",
+             "Proxy-Authorization": "Basic Zm9vOmJhcg==", "X-Upstream-Kept": "yes"}  # fmt: skip
     headers = {"x-fake-response-headers": orjson.dumps(extra).decode()}
     with httpx.Client(base_url=gw.url) as http:
         r = http.post("/v1/chat/completions", content=BODY, headers=headers)
     assert r.status_code == 200
     names = {k.lower() for k in r.headers}
-    assert not names & {"x-upstream-hop", "trailer", "upgrade", "proxy-authenticate"}, names
+    assert not names & {"x-upstream-hop", "trailer", "upgrade", "proxy-authenticate", "te", "proxy-authorization"}
     assert r.headers.get("keep-alive") in (None, "timeout=5")  # uvicorn's own, never the upstream's 9 s
     assert r.headers["x-upstream-kept"] == "yes"
 

@@ -93,7 +93,7 @@ class FakeUpstream:
         delay = float(request.headers.get("x-fake-delay", 0))
         if delay:
             await asyncio.sleep(delay)
-        echo = {
+        echo: dict[str, Any] = {
             "upstream": self.name,
             "method": request.method,
             "path": request.path,

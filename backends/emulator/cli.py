@@ -118,6 +118,11 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
              "backends/workloads/data): simulate your own traffic",
     )  # fmt: skip
     parser.add_argument("--replicas", type=int, default=1, help="engines per pool")
+    parser.add_argument(
+        "--gateways", type=_count, default=1,
+        help="gateway replicas in front of the pools (arrivals dealt round-robin; each sees the others' requests "
+             "only through the engines' stats, a scrape late; the clairvoyant bounds stay one router)",
+    )  # fmt: skip
     parser.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between engine-stat scrapes")
     parser.add_argument("--rules", type=Path, help="the reference policy (default gateway/rules-reference.yaml)")
     parser.add_argument("--adaptive-rules", type=Path, help="the adaptive policy (default: the shipped rules)")
@@ -180,7 +185,7 @@ def _simulate_profile(
     capacity = capacity_qps(profile, workload)
     if qps:
         shares = [value / capacity for value in qps]
-    options = {"replicas": args.replicas, "scrape_interval_s": args.scrape_interval}
+    options = {"replicas": args.replicas, "scrape_interval_s": args.scrape_interval, "gateways": args.gateways}
     levels = evaluate_levels(profile, workload, policies, shares, args.duration, args.seed, warmup_s=args.warmup,
                              **options)  # fmt: skip
     console.print(levels_table(profile.name, capacity, levels))
@@ -227,6 +232,13 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _console() -> Console:
     console = Console()
     return console if console.is_terminal else Console(width=max(console.width, 170))
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
 
 
 def _positive(text: str) -> float:

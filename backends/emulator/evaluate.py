@@ -70,7 +70,7 @@ class Target:
 
 def evaluate_levels(
     profile: Profile, workload: Workload, policies: PolicySet, shares: Sequence[float], duration_s: float, seed: int,
-    *, replicas: int = 1, scrape_interval_s: float = 1.0, warmup_s: float = 10.0,
+    *, replicas: int = 1, scrape_interval_s: float = 1.0, warmup_s: float = 10.0, gateways: int = 1,
 ) -> list[Level]:  # fmt: skip
     capacity = capacity_qps(profile, workload)
     levels = []
@@ -80,7 +80,7 @@ def evaluate_levels(
         earlier = make_scenario_arrivals(workload, steady(qps, duration_s), seed + 1, policies.reference)
         results = run_policies(
             profile, arrivals, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s,
-            warm_arrivals=earlier,
+            gateways=gateways, warm_arrivals=earlier,
         )  # fmt: skip
         kept = after_warmup(results, min(warmup_s, duration_s / 4))
         adaptive = results.get(ADAPTIVE, [])
@@ -93,7 +93,7 @@ def evaluate_levels(
 
 def evaluate_scenario(
     name: str, profile: Profile, workload: Workload, policies: PolicySet, share: float, duration_s: float, seed: int,
-    *, replicas: int = 1, scrape_interval_s: float = 1.0,
+    *, replicas: int = 1, scrape_interval_s: float = 1.0, gateways: int = 1,
 ) -> ScenarioRun:  # fmt: skip
     qps = capacity_qps(profile, workload) * share
     scenario = {
@@ -103,7 +103,9 @@ def evaluate_scenario(
         "drift": lambda: drift(qps, duration_s, workload),
     }[name]()
     arrivals = make_scenario_arrivals(workload, scenario, seed, policies.reference)
-    results = run_policies(profile, arrivals, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s)
+    results = run_policies(
+        profile, arrivals, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s, gateways=gateways
+    )
     adaptive = results[ADAPTIVE]
     curve = learning_curve(adaptive, results[CLAIRVOYANT])
     change_s = scenario.drift_at_s if name == DRIFT else duration_s / 2 if name == MIX_SHIFT else None

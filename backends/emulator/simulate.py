@@ -107,6 +107,7 @@ class _Progress:
     explored: bool
     request: EngineRequest
     span: LoadSpan  # its time on the pool's load clock, as a gateway booking keeps it
+    gateway: int = 0  # the gateway replica that routed it
     first_token_s: float | None = None
     drafted_steps: int = 0
     drafted_tokens: int = 0
@@ -131,12 +132,18 @@ class Simulation:
     replicas: int = 1
     scrape_interval_s: float = 1.0
     model_interval_s: float = 0.25
+    # gateway replicas in front of the pools, arrivals dealt round-robin: each sees its own requests at once
+    # and the others' only through the engines' stats, a scrape late (its own scrape clock); they share one
+    # learner (as Redis would, without its delay). ``gateways_known``: each knows how many there are (Redis).
+    gateways: int = 1
+    gateways_known: bool = True
     _replicas: dict[str, list[_Replica]] = field(init=False)
     _qps: LocalQps = field(init=False, default_factory=LocalQps)
-    _scrape: _Scrape | None = field(init=False, default=None)
+    _scrapes: list[_Scrape | None] = field(init=False)
     _model: LatencyModel | None = field(init=False, default=None)
     _model_at: float = field(init=False, default=-math.inf)
-    _clocks: dict[str, LoadClock] = field(init=False, default_factory=dict)  # per pool, as the gateway's
+    _own: list[dict[str, int]] = field(init=False)  # per gateway, its requests in flight per pool
+    _clocks: list[dict[str, LoadClock]] = field(init=False)  # per gateway and pool, as each gateway's
 
     def __post_init__(self) -> None:
         def engine(name: str, index: int) -> Engine:
@@ -145,7 +152,9 @@ class Simulation:
 
         self._replicas = {name: [_Replica(name, engine(name, i)) for i in range(self.replicas)] for name in POOL_NAMES}
         self._all = [r for name in POOL_NAMES for r in self._replicas[name]]
-        self._clocks = {name: LoadClock(at=0.0) for name in POOL_NAMES}
+        self._scrapes = [None] * self.gateways
+        self._own = [dict.fromkeys(POOL_NAMES, 0) for _ in range(self.gateways)]
+        self._clocks = [{name: LoadClock(at=0.0) for name in POOL_NAMES} for _ in range(self.gateways)]
 
     def run(self, arrivals: Sequence[Arrival]) -> list[RequestResult]:
         live: dict[EngineRequest, _Progress] = {}
@@ -162,25 +171,26 @@ class Simulation:
         return sorted(results, key=lambda result: result.index)
 
     # -- what the gateway sees --------------------------------------------------------------------------
-    def _snapshot(self, now: float) -> Snapshot:
-        if self._scrape is None or now - self._scrape.at_s >= self.scrape_interval_s:
-            self._scrape = _Scrape(now, {name: self._scraped(name) for name in POOL_NAMES})
+    def _snapshot(self, now: float, gateway: int = 0) -> Snapshot:
+        scrape = self._scrapes[gateway]
+        if scrape is None or now - scrape.at_s >= self.scrape_interval_s:
+            scrape = self._scrapes[gateway] = _Scrape(now, {name: self._scraped(name, gateway) for name in POOL_NAMES})
         if self.learner is not None and now - self._model_at >= self.model_interval_s:
             self._model, self._model_at = self.learner.model(now), now
+        own = self._own[gateway]
         pools = {
-            name: dataclasses.replace(
-                scraped, inflight=sum(r.inflight for r in self._replicas[name]), stats_age_s=now - self._scrape.at_s
-            )
-            for name, scraped in self._scrape.pools.items()
+            name: dataclasses.replace(scraped, inflight=own[name], stats_age_s=now - scrape.at_s)
+            for name, scraped in scrape.pools.items()
         }
-        return Snapshot(pools=pools, qps=self._qps.rate(now), qps_age_s=0.0, model=self._model)
+        gateways = self.gateways if self.gateways_known else 1
+        return Snapshot(pools=pools, qps=self._qps.rate(now), qps_age_s=0.0, model=self._model, gateways=gateways)
 
-    def _scraped(self, name: str) -> PoolSnapshot:
+    def _scraped(self, name: str, gateway: int) -> PoolSnapshot:
         replicas = self._replicas[name]
         drafts = sum(r.engine.counters.drafts for r in replicas)
         draft_tokens = sum(r.engine.counters.draft_tokens for r in replicas)
         accepted = sum(r.engine.counters.accepted_tokens for r in replicas)
-        inflight = sum(r.inflight for r in replicas)
+        inflight = self._own[gateway][name]
         return PoolSnapshot(
             name,
             healthy_replicas=len(replicas),
@@ -199,6 +209,7 @@ class Simulation:
     def _admit(self, arrival: Arrival, live: dict[EngineRequest, _Progress]) -> None:
         now = arrival.at_s
         self._qps.record(now)
+        gateway = arrival.index % self.gateways
         item = arrival.item
         output_tokens = min(item.output_tokens, item.max_tokens)
         if self.clairvoyant:
@@ -209,7 +220,7 @@ class Simulation:
             replica = self._clairvoyant(item.prompt_tokens, expected, acceptance)
             reason, load, explored = CLAIRVOYANT, 0.0, False
         else:
-            decision = decide(arrival.features, self._snapshot(now), self.rules)
+            decision = decide(arrival.features, self._snapshot(now, gateway), self.rules)
             replica = min(self._replicas[decision.pool], key=lambda r: r.inflight)
             reason, load, explored = decision.reason, decision.load, decision.explored
         request = EngineRequest(
@@ -221,8 +232,9 @@ class Simulation:
         )
         replica.engine.add(request)
         replica.inflight += 1
-        span = self._clocks[replica.pool].begin(now)
-        live[request] = _Progress(arrival, replica, reason, load, explored, request, span)
+        self._own[gateway][replica.pool] += 1
+        span = self._clocks[gateway][replica.pool].begin(now)
+        live[request] = _Progress(arrival, replica, reason, load, explored, request, span, gateway)
         if replica.outcome is None:
             replica.start_step(now)
 
@@ -259,6 +271,7 @@ class Simulation:
             if emission.finished:
                 live.pop(emission.request)
                 replica.inflight -= 1
+                self._own[progress.gateway][replica.pool] -= 1
                 results.append(self._result(progress, now, progress.span.end(now)))
         replica.outcome, replica.step_end_s = None, math.inf
         if replica.engine.has_work:
@@ -286,7 +299,8 @@ class Simulation:
             acceptance = progress.drafted_tokens / progress.drafted_steps if progress.drafted_steps else None
             seen_ttft = result.ttft_s if features.stream else None  # a whole reply shows only its end
             # the load it ran at, as the gateway learns it (gateway.pools.Booking.run_shift)
-            run_load = progress.load if run_shift is None else max(progress.load + run_shift, 0.0)
+            gateways = self.gateways if self.gateways_known else 1
+            run_load = progress.load if run_shift is None else max(progress.load + gateways * run_shift, 0.0)
             self.learner.observe(Observation(
                 result.pool, segment_of(features.task, features.copy), features.prompt_tokens, progress.load,
                 seen_ttft, result.latency_s, result.output_tokens, acceptance, finished_s, run_load,
@@ -321,13 +335,14 @@ def run_policies(
     *,
     replicas: int = 1,
     scrape_interval_s: float = 1.0,
+    gateways: int = 1,
     include: Sequence[str] = POLICIES,
     warm_arrivals: Sequence[Arrival] | None = None,
 ) -> dict[str, list[RequestResult]]:
     """Every policy in ``include`` on the same arrivals, each against fresh engines (and a cold learner).
     With ``warm_arrivals``, ``adaptive-warm`` first learns from serving them (on engines of its own)."""
     reference = policies.reference
-    options = {"replicas": replicas, "scrape_interval_s": scrape_interval_s}
+    options = {"replicas": replicas, "scrape_interval_s": scrape_interval_s, "gateways": gateways}
     sims: dict[str, Simulation] = {
         ALWAYS_STANDARD: Simulation(profile, fixed_pool_rules(reference, STANDARD), seed, **options),  # type: ignore[arg-type]
         ALWAYS_SPECULATIVE: Simulation(profile, fixed_pool_rules(reference, SPECULATIVE), seed, **options),  # type: ignore[arg-type]

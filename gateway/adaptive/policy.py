@@ -86,7 +86,9 @@ def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: Routing
             return Choice(slo.pool, "fastest: slo", preds)
     first, second = preds
     gap = (second.cost_s - first.cost_s) / max(first.cost_s + second.cost_s, 1e-9)
-    share_first = _sigmoid(gap / config.split_temperature)
+    temperature = config.split_temperature * unseen_share(snapshot)
+    # temperature 0: every request on the pools is this gateway's own, counted as it is sent: no one to herd with
+    share_first = _sigmoid(gap / temperature) if temperature > 1e-9 else 1.0 if gap > 0 else 0.0 if gap < 0 else 0.5
     draw = features.draw
     explore = config.explore_share
     if draw < explore:
@@ -99,6 +101,28 @@ def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: Routing
         draw = (draw - explore) / (1.0 - explore)
     pool = first.pool if draw < share_first else second.pool
     return Choice(pool, "fastest", preds)
+
+
+def unseen_share(snapshot: Snapshot) -> float:
+    """The share of the pools' requests, as the engines last reported them, that this gateway did not send:
+    what other gateway replicas are doing, which this one sees only a scrape late. It scales the split's
+    temperature. A gateway whose own requests are all the engines run sees every booking at once, so its
+    choices move the loads it reads and it cannot herd: it sends each request to the cheaper pool. Replicas
+    that cannot see each other's newest requests split near balance, the more so the more traffic is theirs.
+    Without engine stats nothing tells them apart: the whole temperature. With ``gateways`` known (Redis),
+    at least ``1 - 1 / gateways``."""
+    engine = own = 0.0
+    for name in POOL_NAMES:  # a loop with early return: once per decision
+        pool = snapshot.pools.get(name)
+        if pool is None or pool.running is None:
+            return 1.0
+        engine += pool.running + (pool.waiting or 0.0)
+        own += pool.inflight_base
+    share = 1.0 - own / engine if engine > own else 0.0
+    gateways = snapshot.gateways
+    if gateways > 1 and share < 1.0 - 1.0 / gateways:
+        share = 1.0 - 1.0 / gateways
+    return share
 
 
 def explore_during_warmup(

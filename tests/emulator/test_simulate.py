@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ from backends.emulator.simulate import (
     segment_means,
 )
 from backends.workloads.loader import load_workload
+from gateway.adaptive.learner import Learner
 from gateway.cli import main
 from gateway.rules import default_rules, parse_rules, reference_rules
 
@@ -120,8 +122,8 @@ def test_the_decider_sees_engine_stats_as_of_the_last_scrape() -> None:
     seen = []
 
     class Spy(Simulation):
-        def _snapshot(self, now: float):  # type: ignore[no-untyped-def]
-            snapshot = super()._snapshot(now)
+        def _snapshot(self, now: float, gateway: int = 0):  # type: ignore[no-untyped-def]
+            snapshot = super()._snapshot(now, gateway)
             seen.append((now, snapshot.pool("standard").running, snapshot.pool("standard").inflight))
             return snapshot
 
@@ -154,6 +156,45 @@ def test_the_adaptive_policy_learns_from_a_cold_start_and_beats_both_fixed_pools
     shares = {pool: sum(r.pool == pool for r in adaptive[600:]) for pool in ("standard", "speculative")}
     assert min(shares.values()) > 0.15 * len(adaptive[600:]), shares  # both pools used: split, not herded
     assert sum(r.explored for r in adaptive) <= 0.03 * len(adaptive)
+
+
+def test_several_gateways_each_see_their_own_requests_fresh_and_the_others_a_scrape_late() -> None:
+    seen: list[tuple[int, int, int]] = []  # (gateway, own in flight on the standard pool, everyone's)
+
+    class Spy(Simulation):
+        def _snapshot(self, now: float, gateway: int = 0):  # type: ignore[no-untyped-def]
+            snapshot = super()._snapshot(now, gateway)
+            total = sum(r.inflight for r in self._replicas["standard"])
+            seen.append((gateway, snapshot.pool("standard").inflight, total))
+            assert snapshot.gateways == 2
+            return snapshot
+
+    rules = fixed_pool_rules(reference_rules(), "standard")
+    results = Spy(PROFILE, rules, gateways=2).run(make_arrivals(WORKLOAD, 40, 200, 0, rules))
+    assert len(results) == 200 and {g for g, _, _ in seen} == {0, 1}
+    assert all(own <= total for _, own, total in seen)
+    assert sum(own < total for _, own, total in seen) > 150  # mostly the other one's requests are there too
+
+
+def test_two_gateways_split_the_load_without_herding() -> None:
+    """EMULATED, a100-70b-draft at ~70 % of one pool's capacity, two gateways that do not know of each other
+    (no Redis): each reads the other's requests only in the engines' stats, a scrape late. Herding would show
+    as the speculative share swinging between seconds (all of a second's requests to one pool, then back)."""
+    arrivals = make_arrivals(WORKLOAD, 32, 1600, 3, reference_rules())
+    policies = PolicySet(reference_rules(), default_rules())
+    include = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, ADAPTIVE)
+    runs = run_policies(PROFILE, arrivals, policies, 3, include=include, gateways=2)
+    blind = Simulation(PROFILE, default_rules(), 3, learner=Learner(), gateways=2, gateways_known=False)
+    runs["blind"] = blind.run(arrivals)
+    tail = {policy: [r for r in results if r.index >= 600] for policy, results in runs.items()}
+    best_fixed = min(summarise(tail[ALWAYS_STANDARD]).mean_s, summarise(tail[ALWAYS_SPECULATIVE]).mean_s)
+    for policy in (ADAPTIVE, "blind"):
+        assert summarise(tail[policy]).mean_s < best_fixed, policy
+        seconds: dict[int, list[bool]] = {}
+        for r in tail[policy]:
+            seconds.setdefault(int(r.arrival_s), []).append(r.pool == "speculative")
+        shares = [sum(v) / len(v) for v in seconds.values() if len(v) >= 10]
+        assert 0.2 < statistics.mean(shares) < 0.9 and statistics.pstdev(shares) < 0.25, (policy, shares)
 
 
 def test_clairvoyant_uses_both_pools_under_load() -> None:

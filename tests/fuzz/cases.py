@@ -9,9 +9,13 @@ from __future__ import annotations
 import copy
 import json
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+# Cases each fuzz test ran in this session, by test module: test_zz_case_budget.py checks the sum.
+RAN: Counter[str] = Counter()
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -17,7 +17,7 @@ from gateway.errors import InvalidRequest
 from gateway.features import Classifier, RequestFeatures, extract_features
 from gateway.proxy import parse_json_object
 from gateway.rules import default_rules
-from tests.fuzz.cases import CHAT, mutated_body
+from tests.fuzz.cases import CHAT, RAN, mutated_body
 from tests.fuzz.strategies import any_json, bodies
 
 RULES = default_rules()
@@ -36,6 +36,7 @@ def assert_openai_error(exc: InvalidRequest) -> None:
 
 def route(body: bytes, kind: str) -> RequestFeatures | InvalidRequest:
     """What the proxy does with a body before routing: parse, then extract; only InvalidRequest may escape."""
+    RAN[__name__] += 1
     try:
         return extract_features(parse_json_object(body), kind, {}, RULES, CLASSIFIER)
     except InvalidRequest as exc:
@@ -76,6 +77,7 @@ def test_any_bytes_parse_to_an_object_or_malformed_json(body: bytes) -> None:
 def test_integers_beyond_64_bits_in_any_field(big: int, key: str, kind: str) -> None:
     """orjson reads such integers as floats, but another parser (or a caller of extract_features) may not."""
     body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}
+    RAN[__name__] += 1
     try:
         check_features(extract_features({**body, key: big}, kind, {}, RULES, CLASSIFIER))
     except InvalidRequest as exc:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from tests.conftest import Gateway
-from tests.fuzz.cases import Case, plan, valid_request
+from tests.fuzz.cases import RAN, Case, plan, valid_request
 from tests.fuzz.runner import BatchReport, run_batch, send_case
 
 SEED = int(os.environ.get("FUZZ_SEED", "20261201"))
@@ -60,6 +60,7 @@ async def test_raw_socket_fuzz(gateway: Callable[..., Gateway]) -> None:
         await _bookings_back_to_zero(gw)
     elapsed = time.monotonic() - started
     total = sum(r.cases for r in reports)
+    RAN[__name__] += total
     print(f"\nraw-socket fuzz: {total} cases in {elapsed:.1f} s (seed {SEED})")
     for r in reports:
         print(f"  {r.category:<24} {r.cases:>5}  {dict(sorted(r.statuses.items()))}  problems: {len(r.problems)}")

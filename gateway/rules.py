@@ -213,7 +213,10 @@ class AdaptiveConfig(_Strict):
         "model knows of an unseen segment there fades on this scale)",
     )  # fmt: skip
     learning_rate: float = Field(default=0.05, gt=0, le=1, description="forgetting: the smallest step of a cell")
-    split_temperature: float = Field(default=0.05, gt=0, le=1, description="softness of the split near balance")
+    split_temperature: float = Field(
+        default=0.05, gt=0, le=1,
+        description="softness of the split near balance, times the share of the pools' requests other gateways sent",
+    )  # fmt: skip
     externality: float = Field(default=1.0, ge=0, le=4, description="weight of the delay a request adds to others")
     warmup_pool: PoolName = Field(default="standard", description="`default_pool: fastest` while warming up")
 

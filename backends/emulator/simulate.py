@@ -171,6 +171,11 @@ class Simulation:
         return sorted(results, key=lambda result: result.index)
 
     # -- what the gateway sees --------------------------------------------------------------------------
+    @property
+    def _gateways_seen(self) -> int:
+        """How many gateways each one counts (``Snapshot.gateways``): all of them with Redis, else itself."""
+        return self.gateways if self.gateways_known else 1
+
     def _snapshot(self, now: float, gateway: int = 0) -> Snapshot:
         scrape = self._scrapes[gateway]
         if scrape is None or now - scrape.at_s >= self.scrape_interval_s:
@@ -182,8 +187,9 @@ class Simulation:
             name: dataclasses.replace(scraped, inflight=own[name], stats_age_s=now - scrape.at_s)
             for name, scraped in scrape.pools.items()
         }
-        gateways = self.gateways if self.gateways_known else 1
-        return Snapshot(pools=pools, qps=self._qps.rate(now), qps_age_s=0.0, model=self._model, gateways=gateways)
+        return Snapshot(
+            pools=pools, qps=self._qps.rate(now), qps_age_s=0.0, model=self._model, gateways=self._gateways_seen
+        )
 
     def _scraped(self, name: str, gateway: int) -> PoolSnapshot:
         replicas = self._replicas[name]
@@ -299,8 +305,8 @@ class Simulation:
             acceptance = progress.drafted_tokens / progress.drafted_steps if progress.drafted_steps else None
             seen_ttft = result.ttft_s if features.stream else None  # a whole reply shows only its end
             # the load it ran at, as the gateway learns it (gateway.pools.Booking.run_shift)
-            gateways = self.gateways if self.gateways_known else 1
-            run_load = progress.load if run_shift is None else max(progress.load + gateways * run_shift, 0.0)
+            load, gateways = progress.load, self._gateways_seen
+            run_load = load if run_shift is None else max(load + gateways * run_shift, 0.0)
             self.learner.observe(Observation(
                 result.pool, segment_of(features.task, features.copy), features.prompt_tokens, progress.load,
                 seen_ttft, result.latency_s, result.output_tokens, acceptance, finished_s, run_load,

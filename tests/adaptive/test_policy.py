@@ -80,7 +80,7 @@ def test_decide_is_pure_same_inputs_same_decision() -> None:
         assert decide(features, snapshot, RULES) == decide(features, snapshot, RULES)
 
 
-def shares(model: LatencyModel, snapshot: Snapshot) -> float:
+def shares(snapshot: Snapshot) -> float:
     """The speculative pool's share of 1,000 requests with evenly spread draws."""
     pools = [decide(feats(draw=i / 1000), snapshot, RULES).pool for i in range(1000)]
     return pools.count(SPECULATIVE) / len(pools)
@@ -97,30 +97,30 @@ def others(model: LatencyModel, gateways: int = 1, own: int = 0) -> Snapshot:
 
 def test_near_balance_the_draw_splits_traffic_between_replicas_that_cannot_see_each_other() -> None:
     model = trained(spec_tpot=0.02, std_tpot=0.0205)
-    share = shares(model, others(model))  # the engines run requests this gateway did not send
+    share = shares(others(model))  # the engines run requests this gateway did not send
     assert 0.3 < share < 0.9, share  # a split, not everything to the marginally faster pool
-    assert 0.3 < shares(model, snap(model, spec_running=None)) < 0.9  # type: ignore[arg-type]  # no engine stats
+    assert 0.3 < shares(snap(model, spec_running=None)) < 0.9  # type: ignore[arg-type]  # no engine stats
     clear = trained(spec_tpot=0.01, std_tpot=0.03)
-    assert shares(clear, others(clear)) >= 0.98
+    assert shares(others(clear)) >= 0.98
 
 
 def test_a_gateway_that_sent_every_request_on_the_pools_picks_the_cheaper_one() -> None:
     """Its own bookings move the loads it reads at once, so it cannot herd: no split, the cheaper pool."""
     model = trained(spec_tpot=0.02, std_tpot=0.0205)
-    assert shares(model, snap(model)) == 1.0  # idle pools, nothing unseen
-    assert shares(model, others(model, own=5)) == 1.0  # all five on each pool are its own
+    assert shares(snap(model)) == 1.0  # idle pools, nothing unseen
+    assert shares(others(model, own=5)) == 1.0  # all five on each pool are its own
     slower = trained(spec_tpot=0.0205, std_tpot=0.02)
-    assert shares(slower, others(slower, own=5)) == 0.0
+    assert shares(others(slower, own=5)) == 0.0
 
 
 def test_the_split_grows_with_the_share_of_requests_this_gateway_did_not_send() -> None:
     model = trained(spec_tpot=0.02, std_tpot=0.0205)
-    mostly_own, half, none_own = (shares(model, others(model, own=own)) for own in (4, 2, 0))
+    mostly_own, half, none_own = (shares(others(model, own=own)) for own in (4, 2, 0))
     assert 1.0 > mostly_own > half > none_own > 0.5, (mostly_own, half, none_own)
     assert unseen_share(others(model, own=2)) == pytest.approx(0.6)
     # replicas known to be several (Redis) split at least as much as their count says, whatever they sent
     assert unseen_share(others(model, gateways=4, own=5)) == pytest.approx(0.75)
-    assert shares(model, others(model, gateways=2, own=5)) < 0.9
+    assert shares(others(model, gateways=2, own=5)) < 0.9
 
 
 def test_exploration_is_bounded_by_its_share_and_only_for_uncertain_pools() -> None:

@@ -207,6 +207,11 @@ class LatencyModel:
     all_lengths: Lengths | None = None  # every segment together: the prior for a segment not seen yet
     version: int = 0  # how many observations built it
     built_s: float = 0.0  # the learner's clock when it was built
+    # both pools' predictions by what they depend on (gateway.adaptive.policy.predictions): a model is read by
+    # every request until the next refresh, and requests of one application at one load ask the same question
+    memo: dict[tuple[object, ...], tuple[Prediction, ...]] = field(
+        init=False, default_factory=dict, compare=False, repr=False
+    )  # fmt: skip
 
     def samples(self, pool: str) -> float:
         found = self.pools.get(pool)

@@ -21,10 +21,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gateway.adaptive.model import Prediction, prediction_for, segment_of, template_key
+from gateway.adaptive.model import PROMPT_BINS, Prediction, prediction_for, segment_of, template_key
 from gateway.features import RequestFeatures
 from gateway.rules import AdaptiveConfig, RoutingRules
 from gateway.snapshot import POOL_NAMES, Snapshot, other_pool, pool_load
+
+_BIN1, _BIN2, _BIN3 = PROMPT_BINS  # prompt_bin, inlined in the memo's key
 
 
 @dataclass(slots=True)  # not frozen: made per request, and a frozen __init__ costs ~2x; never mutated
@@ -39,25 +41,42 @@ class Choice:
         return prediction_for(self.predictions, self.pool)
 
 
+MEMO_LIMIT = 4096  # predictions kept per model (a model lives until the next refresh, a second at most)
+
+
 def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> tuple[Prediction, ...]:
-    """Both pools' predictions for this request (empty for a pool the model has never seen)."""
+    """Both pools' predictions for this request (empty for a pool the model has never seen).
+
+    Memoized on the model by everything they depend on: the request's segment, template, prompt bin,
+    ``max_tokens`` and ``n``, the objective, the externality and both pools' loads. The model is immutable,
+    so a remembered answer is the one :meth:`LatencyModel.predict` would give again."""
     model = snapshot.model
     if model is None:
         return ()
     objective = features.objective or rules.objective
+    externality, extra = rules.adaptive.externality, features.n - 1
+    prompt = features.prompt_tokens
+    loads = [pool_load(snapshot, name) + extra for name in POOL_NAMES]
+    key = (features.task, features.copy, features.template, 0 if prompt < _BIN1 else 1 if prompt < _BIN2 else 2
+           if prompt < _BIN3 else 3, features.max_tokens, objective, externality, *loads)  # fmt: skip
+    memo = model.memo
+    found = memo.get(key)
+    if found is not None:
+        return found
     segment = segment_of(features.task, features.copy)
     tokens = model.expected_tokens(segment, features.max_tokens)  # the same for both pools
-    externality, extra = rules.adaptive.externality, features.n - 1
     template = template_key(segment, features.template)
     out = []
-    for name in POOL_NAMES:
+    for name, load in zip(POOL_NAMES, loads, strict=True):
         prediction = model.predict(
-            name, segment, features.prompt_tokens, features.max_tokens, pool_load(snapshot, name) + extra,
-            objective, externality, tokens, template,
+            name, segment, prompt, features.max_tokens, load, objective, externality, tokens, template
         )  # fmt: skip
         if prediction is not None:
             out.append(prediction)
-    return tuple(out)
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    memo[key] = found = tuple(out)
+    return found
 
 
 def is_warm(snapshot: Snapshot, config: AdaptiveConfig) -> bool:

@@ -69,12 +69,20 @@ def measure(rounds: int = 20_000) -> dict[str, list[float]]:
         "decide: reference rules": _time(lambda: decide(pick(), cold, reference), rounds),
         "decide: shipped rules, warming up": _time(lambda: decide(pick(), cold, shipped), rounds),
         "decide: shipped rules, warm (fastest)": _time(lambda: decide(pick(), warm, shipped), rounds),
+        # the same, every call a question the model has not answered yet (a new load, or a cleared memo)
+        "decide: shipped rules, warm, not remembered": _time(lambda: _unremembered(pick(), warm, shipped), rounds),
         "snapshot with fresh in-flight counts": _time(lambda: warm.with_inflight({"standard": 3}), rounds),
         "extract_features (workload prompts)": _time(
             lambda: extract_features(items[next(it) % len(items)].request_body("m"), "chat", {}, shipped, classifier),
             rounds,
         ),
     }
+
+
+def _unremembered(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> object:
+    assert snapshot.model is not None
+    snapshot.model.memo.clear()
+    return decide(features, snapshot, rules)
 
 
 def main(rounds: int) -> int:

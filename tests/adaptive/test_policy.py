@@ -9,7 +9,7 @@ import pytest
 
 from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel
-from gateway.adaptive.policy import unseen_share
+from gateway.adaptive.policy import MEMO_LIMIT, predictions, unseen_share
 from gateway.decide import decide
 from gateway.features import RequestFeatures
 from gateway.rules import default_rules, parse_rules
@@ -266,3 +266,29 @@ def test_the_decision_learns_against_the_chosen_pools_load_without_the_requests_
     })  # fmt: skip
     fallback = decide(dataclasses.replace(feats("chat"), n=n), down, RULES)
     assert fallback.fallback and fallback.pool == STANDARD and fallback.load == pool_load(down, STANDARD)
+
+
+def test_predictions_are_remembered_per_model_and_only_for_the_same_question() -> None:
+    model = trained(spec_tpot=0.02, std_tpot=0.03)
+    snapshot = snap(model, spec_running=3)
+    first = predictions(feats(), snapshot, RULES)
+    assert predictions(feats(draw=0.9), snapshot, RULES) is first  # the draw is not part of the question
+    fresh = dataclasses.replace(model)  # the same model with an empty memo: computed anew, the same answer
+    assert fresh.memo == {} and predictions(feats(), snap(fresh, spec_running=3), RULES) == first
+    base = feats()
+    ttft = RULES.model_copy(update={"objective": "ttft"})
+    heavier = RULES.model_copy(update={"adaptive": RULES.adaptive.model_copy(update={"externality": 2.0})})
+    for features, spec_running, rules in (  # anything a prediction depends on asks a new question
+        (base, 4, RULES), (feats(max_tokens=64), 3, RULES), (feats("code"), 3, RULES), (feats(copy=True), 3, RULES),
+        (feats(template="t1"), 3, RULES), (feats(objective="ttft"), 3, RULES), (base, 3, heavier),
+        (dataclasses.replace(base, prompt_tokens=5000), 3, RULES), (dataclasses.replace(base, n=2), 3, RULES),
+    ):  # fmt: skip
+        remembered = len(model.memo)
+        again = predictions(features, snap(model, spec_running=spec_running), rules)
+        assert len(model.memo) == remembered + 1  # not answered from another question's entry
+        assert again == predictions(features, snap(dataclasses.replace(model), spec_running=spec_running), rules)
+    # the objective as resolved: the rules file's, or the request's header
+    assert predictions(base, snapshot, ttft) is predictions(feats(objective="ttft"), snapshot, RULES)
+    for load in range(MEMO_LIMIT + 10):  # bounded: request data keys it
+        predictions(feats(), snap(model, spec_running=load), RULES)
+    assert 0 < len(model.memo) <= MEMO_LIMIT

@@ -159,9 +159,8 @@ def simulate_level(
     """Every policy at one steady load level, on the same arrivals, for ``duration_s`` of virtual arrivals.
 
     ``rules`` is the reference policy; ``adaptive`` (optional) the rules with ``fastest``. Requests that
-    arrive in the first ``warmup_s`` load the pools but are left out of the results (the gateway's
-    10-second QPS window is still filling then; the adaptive policy's cold start is shown by its learning
-    curve instead).
+    arrive in the first ``warmup_s`` load the pools but are left out of the results (the pools are filling
+    then; the adaptive policy's cold start is shown by its learning curve instead).
     """
     arrivals = make_arrivals(workload, qps, max(1, round(qps * duration_s)), seed, rules)
     results = run_policies(profile, arrivals, PolicySet(rules, adaptive), seed, **options)  # type: ignore[arg-type]

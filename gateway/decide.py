@@ -3,7 +3,8 @@
 No I/O, no clock reads, no randomness: the same inputs always give the same :class:`Decision`, so the
 HTTP gateway, the tests and the simulator all run exactly this code. A rule (or the default) whose pool is
 ``fastest`` asks the learned model (:mod:`gateway.adaptive.policy`); while the model is warming up that rule
-does not match and the rules below it decide, exploring a small share of requests on the other pool.
+does not match and the rules below it decide, exploring a small share of requests on the other pool, and
+(``adaptive.warmup_balance``) sending a request the rules give to the busier pool to the other one.
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ def decide(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -
                                 extra=features.n - 1)  # fmt: skip
             pool, warming = rules.adaptive.warmup_pool, True
     reason = rule_name or "default"
+    if warming and rules.adaptive.warmup_balance:
+        # load-blind rules could pile a warm-up into overload onto one pool; until the model knows each pool's
+        # speed, a request goes where fewer requests are (the faster pool drains its queue sooner, so takes more)
+        other = other_pool(pool)
+        if pool_load(snapshot, pool) > pool_load(snapshot, other):
+            return _checked(other, f"{reason} (warm-up); shorter queue", rule_name, snapshot, (), False)
     if warming:
         if explore_during_warmup(features, snapshot, rules, pool):
             return _checked(other_pool(pool), f"{reason} (warm-up); explore", rule_name, snapshot, (), True)

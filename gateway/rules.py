@@ -219,6 +219,11 @@ class AdaptiveConfig(_Strict):
     )  # fmt: skip
     externality: float = Field(default=1.0, ge=0, le=4, description="weight of the delay a request adds to others")
     warmup_pool: PoolName = Field(default="standard", description="`default_pool: fastest` while warming up")
+    warmup_balance: bool = Field(
+        default=True,
+        description="while warming up, a request the rules send to the pool with more requests on it goes to the "
+        "other (the shorter queue); the rules choose between equally loaded pools",
+    )  # fmt: skip
 
 
 class ResumeConfig(_Strict):

@@ -292,3 +292,21 @@ def test_predictions_are_remembered_per_model_and_only_for_the_same_question() -
     for load in range(MEMO_LIMIT + 10):  # bounded: request data keys it
         predictions(feats(), snap(model, spec_running=load), RULES)
     assert 0 < len(model.memo) <= MEMO_LIMIT
+
+
+def test_while_warming_up_a_request_the_rules_give_the_busier_pool_goes_to_the_other() -> None:
+    cold = trained(0.01, 0.03, samples=3)  # 3 < min_samples: warming up
+    busy = snap(cold, spec_running=6, std_running=2)
+    code = decide(feats("code"), busy, RULES)  # the rules say speculative, which runs more
+    assert (code.pool, code.reason, code.rule) == (STANDARD, "draft-friendly-task (warm-up); shorter queue",
+                                                   "draft-friendly-task")  # fmt: skip
+    assert code.learning and not code.explored and not code.predictions
+    assert decide(feats("chat"), busy, RULES).pool == STANDARD  # already the shorter queue: the rules' choice
+    even = decide(feats("code"), snap(cold, spec_running=4, std_running=4), RULES)
+    assert (even.pool, even.reason) == (SPECULATIVE, "draft-friendly-task (warm-up)")  # equal: the rules decide
+    pinned = decide(feats("code", headers={"x-specgate-pool": "speculative"}), busy, RULES)
+    assert pinned.pool == SPECULATIVE  # pins are above `fastest`: never balanced
+    off = RULES.model_copy(update={"adaptive": RULES.adaptive.model_copy(update={"warmup_balance": False})})
+    assert decide(feats("code"), busy, off).pool == SPECULATIVE
+    warm = decide(feats("code"), snap(trained(0.01, 0.03), spec_running=6, std_running=2), RULES)
+    assert "shorter queue" not in warm.reason  # once warm, the model decides

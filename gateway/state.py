@@ -76,7 +76,8 @@ class GatewayState:
         self.ruleset = self._build_ruleset(self.read_rules())
         self.pool_models: frozenset[str] = frozenset()
         self.signals = SignalHub(
-            settings, targets=self._scrape_targets, local_qps=lambda: self.qps.rate(time.monotonic()), registry=registry
+            settings, targets=self._scrape_targets, local_qps=lambda: self.qps.rate(time.monotonic()),
+            registry=registry, inflight=self._inflight_on,
         )
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
         self.model_sync = (
@@ -202,6 +203,10 @@ class GatewayState:
 
     def _scrape_targets(self) -> list[ScrapeTarget]:
         return [ScrapeTarget(r.pool, r.url) for r in self.pools.replicas()]
+
+    def _inflight_on(self, target: ScrapeTarget) -> int:
+        """This gateway's requests on the scraped replica now (read as each scrape starts and ends)."""
+        return sum(r.inflight for r in self.pools.replicas() if r.url == target.base_url and r.pool == target.pool)
 
     def _health_round(self) -> None:
         self.health_rounds += 1

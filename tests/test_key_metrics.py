@@ -39,6 +39,8 @@ def test_requests_tokens_and_refusals_are_counted_per_configured_name(gateway: S
     def requests(key: str, outcome: str) -> float:
         return gw.sample("specgate_key_requests_total", key=key, outcome=outcome)
 
+    # each is counted as it is settled, just after its last byte went out: the client may read it first
+    wait_for(lambda: requests("batch", "ok") == 2 and requests("free", "error") == 1, what="the requests counted")
     assert (requests("batch", "ok"), requests("batch", "rate_limited")) == (2, 1)
     assert gw.sample("specgate_key_rate_limited_total", key="batch", limit="rpm") == 1
     assert gw.sample("specgate_key_rate_limited_total", key="tight", limit="tpm") == 1
@@ -56,7 +58,9 @@ def test_requests_tokens_and_refusals_are_counted_per_configured_name(gateway: S
 def test_an_open_gateway_counts_under_a_fixed_label(gateway: StartGateway) -> None:
     gw = gateway()
     assert post(gw, None, chat(max_tokens=5), authorization="Bearer whatever-a-client-sends") == 200
-    assert gw.sample("specgate_key_requests_total", key=ANONYMOUS_KEY, outcome="ok") == 1
+    # counted as the request is settled, just after its last byte went out: the client may read it first
+    wait_for(lambda: gw.sample("specgate_key_requests_total", key=ANONYMOUS_KEY, outcome="ok") == 1,
+             what="the request to be counted")  # fmt: skip
     assert "whatever" not in generate_latest(gw.registry).decode()
 
 

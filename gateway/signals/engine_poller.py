@@ -61,6 +61,9 @@ class PoolEngineStats:
     age_s: float | None  # age of the oldest scrape used (or of the newest, when none is fresh)
     fresh_replicas: int
     stale_replicas: int
+    # This gateway's own requests on the fresh replicas when they were scraped: what the engines' running and
+    # waiting already count of them. What it sent since is on top; what finished since is no longer there.
+    inflight_base: int = 0
 
 
 class _ReplicaState:
@@ -69,6 +72,7 @@ class _ReplicaState:
         self.window = AcceptanceWindow(window_s)
         self.stats: EngineStats | None = None
         self.scraped_at: float | None = None
+        self.inflight_at_scrape = 0  # this gateway's requests on the replica as the scrape read the engine
         self.error: str | None = "not scraped yet"
 
     def view(self, now: float, stale_after_s: float) -> ReplicaView:
@@ -99,8 +103,10 @@ class EnginePoller:
         window_s: float = 30.0,
         stale_after_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
+        inflight: Callable[[ScrapeTarget], int] | None = None,
     ) -> None:
         self._client = client
+        self._inflight = inflight  # this gateway's requests on a replica now
         self._targets = targets
         self._timeout = httpx.Timeout(timeout_s)
         self._window_s = window_s
@@ -116,6 +122,7 @@ class EnginePoller:
         await asyncio.gather(*(self._scrape(state) for state in states))
 
     async def _scrape(self, state: _ReplicaState) -> None:
+        before = self._inflight(state.target) if self._inflight is not None else 0
         try:
             response = await self._client.get(state.target.metrics_url, timeout=self._timeout)
             response.raise_for_status()
@@ -125,6 +132,11 @@ class EnginePoller:
             return
         now = self._clock()
         state.stats, state.scraped_at, state.error = stats, now, None
+        # The engine read its counts at some moment of the exchange. A request of ours that ended during it may
+        # or may not be counted there, and one sent during it likewise: taking the larger of the counts before
+        # and after errs toward too few, which the decision's floor (our own in-flight count) makes good.
+        after = self._inflight(state.target) if self._inflight is not None else 0
+        state.inflight_at_scrape = max(before, after)
         if stats.spec is not None:
             state.window.observe(stats.spec, now)
 
@@ -156,4 +168,5 @@ def aggregate_pool(fresh: Iterable[_ReplicaState], stale_count: int, now: float)
         age_s=max(ages) if ages else None,
         fresh_replicas=len(stats),
         stale_replicas=stale_count,
+        inflight_base=sum(s.inflight_at_scrape for s in replicas if s.stats is not None),
     )

@@ -98,9 +98,11 @@ class SignalHub:
         registry: CollectorRegistry,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        inflight: Callable[[ScrapeTarget], int] | None = None,
     ) -> None:
         self.settings = settings
         self._targets = targets
+        self._inflight = inflight  # this gateway's requests on a replica now, read around each engine scrape
         self._local_qps = local_qps
         self._clock = clock
         self._wall_clock = wall_clock
@@ -150,6 +152,7 @@ class SignalHub:
             window_s=s.acceptance_window_s,
             stale_after_s=s.engine_stale_after_s,
             clock=self._clock,
+            inflight=self._inflight,
         )
         self._spawn("engine-metrics", self.engines.scrape_once, s.engine_metrics_interval_s)
         if self.prometheus is not None:
@@ -215,6 +218,8 @@ class SignalHub:
             acceptance_rate=stats.acceptance_rate,
             acceptance_length=stats.acceptance_length,
             stats_age_s=stats.age_s,
+            # the engine counts are as old as the scrape: so is the own count they are read against
+            inflight_base=pool.inflight_base if stats.running is None else stats.inflight_base,
         )
 
     def _qps(self, now: float) -> tuple[float, str, float | None]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -60,23 +60,29 @@ def adaptive_rules(tmp_path: Path, **adaptive: object) -> Path:
     return path
 
 
-def send(url: str, count: int, concurrency: int, start: int) -> list[tuple[str, str]]:
-    """``count`` chat requests, ``concurrency`` at a time (closed loop); (pool, reason) of each."""
-    items = itertools.islice(itertools.cycle(ITEMS), start, start + count)
-    bodies = [{**item.request_body("smollm2", stream=i % 2 == 0), "max_tokens": 64} for i, item in enumerate(items)]
+def send(url: str, count: int, concurrency: int, start: int) -> list[tuple[str, str, str]]:
+    """``count`` chat requests, ``concurrency`` at a time (closed loop); (pool, reason, item's task) of each."""
+    items = list(itertools.islice(itertools.cycle(ITEMS), start, start + count))
 
-    def one(client: httpx.Client, body: dict[str, object]) -> tuple[str, str]:
+    def one(client: httpx.Client, i: int) -> tuple[str, str, str]:
+        body = {**items[i].request_body("smollm2", stream=i % 2 == 0), "max_tokens": 64}
         response = client.post(f"{url}/v1/chat/completions", json=body, timeout=60)
         assert response.status_code == 200, response.text
         assert response.text  # a stream is read to its end
-        return response.headers["x-specgate-pool"], response.headers["x-specgate-reason"]
+        return response.headers["x-specgate-pool"], response.headers["x-specgate-reason"], items[i].task
 
     with httpx.Client() as client, ThreadPoolExecutor(concurrency) as workers:
-        return list(workers.map(lambda body: one(client, body), bodies))
+        return list(workers.map(lambda i: one(client, i), range(count)))
 
 
-def spec_share(outcomes: list[tuple[str, str]]) -> float:
-    return sum(pool == "speculative" for pool, _ in outcomes) / len(outcomes)
+def spec_share(outcomes: Sequence[tuple[str, ...]]) -> float:
+    return sum(outcome[0] == "speculative" for outcome in outcomes) / len(outcomes)
+
+
+def copying(outcomes: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The code and translation requests: those a lone request clearly finishes sooner on the speculative pool
+    on this profile (chat is about a tie there, and which pool it goes to is rightly a coin toss)."""
+    return [outcome for outcome in outcomes if outcome[2] != "chat"]
 
 
 def test_the_adaptive_policy_splits_under_load_and_comes_back(pools: tuple[str, str], tmp_path: Path) -> None:
@@ -91,21 +97,24 @@ def test_the_adaptive_policy_splits_under_load_and_comes_back(pools: tuple[str, 
     with ThreadServer(app) as gateway:
         wait_for(lambda: app.state.health_rounds > 0, what="first health check")
         warmup = send(gateway.url, 40, 2, 0)
-        assert any(reason.endswith("(warm-up)") for _, reason in warmup)
+        assert any(reason.endswith("(warm-up)") for _, reason, _ in warmup)
         light = send(gateway.url, 40, 1, 40)
         heavy = send(gateway.url, 160, 10, 80)
         light_again = send(gateway.url, 60, 1, 240)
         model = httpx.get(f"{gateway.url}/v1/route/model").json()
         metrics = httpx.get(f"{gateway.url}/metrics").text
     assert model["warm"] and model["pools"]["speculative"]["samples"] > 8
-    assert all(reason.startswith("fastest") for _, reason in light + heavy[40:] + light_again)
-    print(f"\nspeculative share: light {spec_share(light):.0%}, heavy {spec_share(heavy[40:]):.0%}, "
-          f"light again {spec_share(light_again[20:]):.0%}")  # fmt: skip
+    assert all(reason.startswith("fastest") for _, reason, _ in light + heavy[40:] + light_again)
+    light, heavy, light_again = light, heavy[40:], light_again[20:]
+    print(f"\nspeculative share (code and translation; all): light {spec_share(copying(light)):.0%}; "
+          f"{spec_share(light):.0%}, heavy {spec_share(copying(heavy)):.0%}; {spec_share(heavy):.0%}, "
+          f"light again {spec_share(copying(light_again)):.0%}; {spec_share(light_again):.0%}")  # fmt: skip
     # Alone, speculation wins for code and translation (n-gram drafts copy well) and ties for chat.
     # The gaps are a few tens of percent on this profile, and a loaded CI machine blurs them: the direction of
     # the movement is asserted, with margin, not exact shares (the simulator measures the quality).
-    assert 0.05 <= spec_share(heavy[40:]) <= spec_share(light) - 0.1  # under load: a split, less speculation
-    assert spec_share(light_again[20:]) >= spec_share(heavy[40:]) + 0.1  # and back
+    assert 0.05 <= spec_share(heavy) <= spec_share(copying(light)) - 0.2  # under load: a split, less speculation
+    assert spec_share(copying(heavy)) <= spec_share(copying(light)) - 0.2
+    assert spec_share(copying(light_again)) >= spec_share(copying(heavy)) + 0.2  # and back
     assert "specgate_prediction_ratio_bucket" in metrics and "specgate_model_warm 1.0" in metrics
 
 

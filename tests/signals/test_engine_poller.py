@@ -133,3 +133,28 @@ async def test_removed_targets_are_forgotten(engines: FakeEngines, clock: Clock)
     targets.remove(SPEC_A)
     await poller.scrape_once()
     assert [v.target for v in poller.replicas()] == [STD_A]
+
+
+async def test_the_own_requests_the_engines_count_are_those_in_flight_as_the_scrape_ran(
+    engines: FakeEngines, clock: Clock
+) -> None:
+    """The engines' running + waiting already hold this gateway's requests that were in flight when they were
+    read: ``inflight_base`` is that count (fresh replicas only), so the decision adds what was sent since and
+    drops what finished since. One of spec-a's requests ends during the exchange: the larger count is kept."""
+    inflight = {SPEC_A: 2, SPEC_B: 1, STD_A: 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "spec-a":
+            inflight[SPEC_A] -= 1
+        return engines.handler(request)
+
+    engines.texts = {"spec-a": metrics_text(2, 0, 0.1, None), "spec-b": None, "std-a": metrics_text(0, 0, 0, None)}
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        poller = EnginePoller(client, lambda: [SPEC_A, SPEC_B, STD_A], clock=clock, inflight=inflight.__getitem__)
+        await poller.scrape_once()
+        inflight[SPEC_A] = 0  # both finished after the scrape
+        assert poller.pool_stats("speculative").inflight_base == 2  # spec-b refused: its request is not in it
+        assert poller.pool_stats("standard").inflight_base == 0
+        inflight[SPEC_A] = 5
+        await poller.scrape_once()
+    assert poller.pool_stats("speculative").inflight_base == 5

@@ -86,3 +86,30 @@ def test_signal_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPat
 def test_a_misspelt_signal_setting_is_rejected_by_name() -> None:
     with pytest.raises(ValueError, match="prometheus_timeout_s"):
         Settings(prometheus_timeout_s=0)
+
+
+async def test_a_request_that_finished_since_the_scrape_no_longer_loads_its_pool() -> None:
+    """The engine was read while this gateway's one request ran on it (running 1); the request has finished
+    and a snapshot is built before the next scrape: the pool's load is 0, not a phantom 1 that would push the
+    next request to the other pool. And one sent since is on top of what the engine said."""
+    import httpx
+
+    from gateway.signals.engine_poller import EnginePoller
+    from gateway.snapshot import pool_load
+
+    target = ScrapeTarget("standard", "http://std:8000")
+    inflight = {target: 1}
+    text = "".join(f'vllm:num_requests_{name}{{engine="0",model_name="m"}} {value}\n' for name, value in
+                   (("running", 1), ("waiting", 0)))  # fmt: skip
+    hub = make_hub(CollectorRegistry())
+    async with httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
+        hub.engines = EnginePoller(client, lambda: [target], inflight=inflight.__getitem__)
+        await hub.engines.scrape_once()
+
+    def load(now: int) -> float:
+        pools = {"standard": PoolSnapshot("standard", 1, 1, inflight=now, inflight_base=now)}  # as the pools build it
+        return pool_load(hub.build_snapshot(pools), "standard")
+
+    assert load(0) == 0.0
+    assert load(1) == 1.0
+    assert load(3) == 3.0  # two sent since the scrape

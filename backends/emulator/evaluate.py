@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from backends.emulator.profiles import Profile
-from backends.emulator.report import Summary, summarise
+from backends.emulator.report import Summary, shares_per_second, summarise
 from backends.emulator.scenarios import (
     DRIFT,
     MIX_SHIFT,
@@ -47,6 +47,7 @@ class Level:
     explored: float  # share of the adaptive policy's requests sent to explore
     learned_after: int | None  # requests from the cold start until within 10 % of steady state (adaptive-warm)
     windows: int  # learning-curve windows (of 100 requests) the level had
+    split: list[tuple[int, float]]  # the cold start's share sent to the speculative pool, second by second
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,7 @@ def evaluate_levels(
         adaptive = results.get(ADAPTIVE, [])
         levels.append(Level(
             share, qps, {policy: summarise(runs) for policy, runs in kept.items()},
-            _explored(adaptive), *_settling(adaptive, results),
+            _explored(adaptive), *_settling(adaptive, results), shares_per_second(adaptive),
         ))  # fmt: skip
     return levels
 

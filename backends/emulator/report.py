@@ -25,6 +25,22 @@ class Summary:
     mean_ttft_s: float
     p95_ttft_s: float
     speculative_share: float
+    # How much the speculative share moves from second to second (standard deviation across the arrival
+    # seconds that had at least SPLIT_MIN_PER_S requests; 0 with fewer than two such seconds). Herding, all
+    # of a second's requests to one pool and then back, shows as a spread near 0.5.
+    share_spread: float
+
+
+SPLIT_MIN_PER_S = 5
+
+
+def shares_per_second(results: Sequence[RequestResult]) -> list[tuple[int, float]]:
+    """(second, share of that second's arrivals sent to the speculative pool), over the seconds that had
+    at least ``SPLIT_MIN_PER_S`` arrivals."""
+    seconds: dict[int, list[int]] = {}
+    for result in results:
+        seconds.setdefault(int(result.arrival_s), []).append(result.pool == "speculative")
+    return [(second, sum(v) / len(v)) for second, v in sorted(seconds.items()) if len(v) >= SPLIT_MIN_PER_S]
 
 
 def percentile(values: Sequence[float], fraction: float) -> float:
@@ -46,6 +62,7 @@ def summarise(results: Sequence[RequestResult]) -> Summary:
         statistics.fmean(ttfts),
         percentile(ttfts, 0.95),
         speculative / len(results),
+        statistics.pstdev(shares) if len(shares := [share for _, share in shares_per_second(results)]) > 1 else 0.0,
     )
 
 
@@ -57,7 +74,7 @@ def levels_table(profile: str, capacity: float, levels: Sequence[Level]) -> Tabl
     policies = [p for p in POLICIES if p in levels[0].summaries]
     ours = "adaptive-warm" if "adaptive-warm" in policies else "adaptive"
     bounds = [b for b in ("best fixed", "clairvoyant", "informed") if b == "best fixed" or b in policies]
-    for column in ("load", "QPS", *policies, *(f"{ours} / {b}" for b in bounds), f"{ours} to spec", "explored"):
+    for column in ("load", "QPS", *policies, *(f"{ours} / {b}" for b in bounds), f"{ours} to spec (sd/s)", "explored"):
         table.add_column(column, justify="right")
     for level in levels:
         s = level.summaries
@@ -68,7 +85,7 @@ def levels_table(profile: str, capacity: float, levels: Sequence[Level]) -> Tabl
         table.add_row(
             f"{level.share:.0%}", f"{level.qps:.1f}", *cells,
             *(f"{adaptive.mean_s / values[b]:.3f}x" if adaptive else "-" for b in bounds),
-            f"{adaptive.speculative_share:.0%}" if adaptive else "-",
+            f"{adaptive.speculative_share:.0%} ({adaptive.share_spread * 100:.0f})" if adaptive else "-",
             f"{level.explored:.1%}",
         )  # fmt: skip
     return table
@@ -100,13 +117,14 @@ def targets_table(profile: str, targets: Sequence[Target]) -> Table:
 
 
 def plot_evaluation(path: Path, profile: str, levels: Sequence[Level], runs: Sequence[ScenarioRun]) -> None:
-    """Mean and p95 latency against load per policy, and the adaptive policy's learning curves."""
+    """Mean and p95 latency against load per policy, the adaptive policy's learning curves, and its share to
+    the speculative pool second by second at a few levels (it should settle, not swing)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    figure, axes = plt.subplots(1, 4, figsize=(21, 4.4))
     shares = [level.share * 100 for level in levels]
     for policy in POLICIES:
         if policy not in levels[0].summaries:
@@ -128,6 +146,19 @@ def plot_evaluation(path: Path, profile: str, levels: Sequence[Level], runs: Seq
     axes[2].set_ylabel("mean latency ratio per 100 requests")
     axes[2].grid(True, alpha=0.3)
     axes[2].legend(fontsize=8)
+    longest = max((len(lv.split) for lv in levels), default=0)
+    shown = [lv for lv in levels if longest and len(lv.split) >= 0.8 * longest]  # enough arrivals every second
+    for level in shown[:: max(1, -(-len(shown) // 4))]:  # at most four levels, spread over the range
+        present = dict(level.split)  # a second with too few arrivals breaks the line
+        seconds = range(level.split[0][0], level.split[-1][0] + 1)
+        axes[3].plot(seconds, [present.get(second, float("nan")) for second in seconds],
+                     label=f"{level.share:.0%}", linewidth=0.9)  # fmt: skip
+    axes[3].set_ylim(0, 1)
+    axes[3].set_title("adaptive, cold: share to speculative per s (EMULATED)")
+    axes[3].set_xlabel("virtual seconds since the start")
+    axes[3].set_ylabel("share of the second's arrivals")
+    axes[3].grid(True, alpha=0.3)
+    axes[3].legend(fontsize=8, title="load")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

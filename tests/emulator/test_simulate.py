@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import statistics
 from pathlib import Path
 
 import pytest
 
 from backends.emulator.cli import register_simulate  # noqa: F401  (the CLI module imports cleanly)
 from backends.emulator.profiles import load_profile
-from backends.emulator.report import summarise
+from backends.emulator.report import shares_per_second, summarise
 from backends.emulator.scenarios import make_arrivals, simulate_level
 from backends.emulator.simulate import (
     ADAPTIVE,
@@ -190,11 +189,9 @@ def test_two_gateways_split_the_load_without_herding() -> None:
     best_fixed = min(summarise(tail[ALWAYS_STANDARD]).mean_s, summarise(tail[ALWAYS_SPECULATIVE]).mean_s)
     for policy in (ADAPTIVE, "blind"):
         assert summarise(tail[policy]).mean_s < best_fixed, policy
-        seconds: dict[int, list[bool]] = {}
-        for r in tail[policy]:
-            seconds.setdefault(int(r.arrival_s), []).append(r.pool == "speculative")
-        shares = [sum(v) / len(v) for v in seconds.values() if len(v) >= 10]
-        assert 0.2 < statistics.mean(shares) < 0.9 and statistics.pstdev(shares) < 0.25, (policy, shares)
+        shares = shares_per_second(tail[policy])
+        summary = summarise(tail[policy])
+        assert 0.2 < summary.speculative_share < 0.9 and summary.share_spread < 0.25, (policy, shares)
 
 
 def test_clairvoyant_uses_both_pools_under_load() -> None:

@@ -80,8 +80,11 @@ class GatewayState:
             registry=registry, inflight=self._inflight_on,
         )
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
+        alive_s = 3 * settings.model_sync_interval_s  # a replica that missed three syncs is gone
         self.model_sync = (
-            ModelSync(self.learner, self.signals.store, settings.model_ttl_s) if settings.redis_url else None
+            ModelSync(self.learner, self.signals.store, settings.model_ttl_s, alive_s=alive_s)
+            if settings.redis_url
+            else None
         )
         self.health_rounds = 0
         self.draining = False  # set on SIGTERM (gateway/shutdown.py): /ready answers 503
@@ -124,7 +127,8 @@ class GatewayState:
         if self.ruleset.rules.uses_fastest:
             now = time.monotonic()
             model = self.learner.model(now)
-            snapshot = dataclasses.replace(snapshot, model=model)
+            gateways = self.model_sync.gateways if self.model_sync is not None else 1
+            snapshot = dataclasses.replace(snapshot, model=model, gateways=gateways)
             self._export_model(snapshot, model, now)
         self.snapshot = snapshot
 

@@ -2,7 +2,10 @@
 
 Every ``model_sync_interval_s`` each replica writes its learned numbers (``Learner.export``) under its own
 name with a TTL and reads everyone's, merged by weight, back into its learner (``Learner.absorb``). A new or
-restarted replica thus starts from what the others learned. When the store is down each replica keeps
+restarted replica thus starts from what the others learned. The replicas that synced within ``alive_s`` are
+counted too (``gateways``): each gateway scales the requests it sent since the last engine scrape by that
+count to estimate everyone's (``pool_load``), and splits near balance at least as much as ``1 - 1/gateways``.
+With the store down the last count stands (the replicas did not go away with it), and each replica keeps
 learning alone: a failed sync is logged once per outage and retried next tick; no request ever waits on it.
 
 The numbers live in a space named by the learner's ``EXPORT_FORMAT`` (``est:v2:*`` in Redis): during a rolling
@@ -21,10 +24,14 @@ log = logging.getLogger("specgate")
 
 
 class ModelSync:
-    def __init__(self, learner: Learner, store: SharedState, ttl_s: float, owner: str | None = None) -> None:
+    def __init__(
+        self, learner: Learner, store: SharedState, ttl_s: float, owner: str | None = None, *, alive_s: float = 6.0
+    ) -> None:
         self.learner = learner
         self.store = store
         self.ttl_s = ttl_s
+        self.alive_s = alive_s  # a replica that synced within this long counts as a gateway now
+        self.gateways = 1  # the gateway replicas sharing the pools, this one included, as of the last sync
         self.owner = owner or f"gw-{uuid.uuid4().hex[:12]}"
         self.ok: bool | None = None  # None: not tried yet
         self.syncs = 0
@@ -36,6 +43,7 @@ class ModelSync:
         try:
             await self.store.put_estimates(self.owner, exported, now, self.ttl_s, self.space)
             shared = await self.store.get_estimates(now, self.ttl_s, self.space)
+            live = await self.store.live_owners(now, self.alive_s, self.space)
         except SharedStateUnavailable as exc:
             if self.ok is not False:
                 log.warning("learned model not shared: the shared store is unavailable (%s); learning alone", exc)
@@ -45,5 +53,6 @@ class ModelSync:
             log.info("learned model shared again through the shared store")
         self.ok = True
         self.syncs += 1
+        self.gateways = max(1, live)
         self.learner.absorb({name: (e.value, e.weight) for name, e in shared.items()})
         return True

@@ -70,6 +70,10 @@ class SharedState(Protocol):
 
     async def get_estimates(self, now: float, ttl_s: float, space: str = "est") -> dict[str, Estimate]: ...
 
+    async def live_owners(self, now: float, within_s: float, space: str = "est") -> int:
+        """How many owners published estimates in ``space`` within ``within_s`` (the gateway replicas alive)."""
+        ...
+
     async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool: ...
 
     async def put_value(self, key: str, value: str, ttl_s: float) -> None: ...
@@ -159,6 +163,9 @@ class MemorySharedState:
     async def get_estimates(self, now: float, ttl_s: float, space: str = "est") -> dict[str, Estimate]:
         fresh = [est for (sp, _), (at, est) in self._estimates.items() if sp == space and now - at <= ttl_s]
         return merge_estimates(fresh)
+
+    async def live_owners(self, now: float, within_s: float, space: str = "est") -> int:
+        return sum(1 for (sp, _), (at, _) in self._estimates.items() if sp == space and now - at <= within_s)
 
     async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool:
         state = self._buckets.setdefault(bucket, _Bucket(tokens=burst, updated=now))
@@ -284,6 +291,10 @@ class RedisSharedState:
             pipe.hgetall(f"{self._prefix}{space}:{owner!s}")
         raw: list[dict[str, str]] = await self._guard("get_estimates", pipe.execute())
         return merge_estimates([_decode_estimates(fields) for fields in raw])
+
+    async def live_owners(self, now: float, within_s: float, space: str = "est") -> int:
+        query = self._client.zcount(f"{self._prefix}{space}:owners", now - within_s, "+inf")
+        return int(await self._guard("live_owners", query))
 
     async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool:
         key = f"{self._prefix}bucket:{bucket}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.adaptive.learner import EXPORT_FORMAT, Learner, Observation
 from gateway.adaptive.shared import ModelSync
-from gateway.signals.store import Estimate, MemorySharedState
+from gateway.signals.store import Estimate, MemorySharedState, SharedStateUnavailable
 
 
 def taught(count: int = 30) -> Learner:
@@ -38,3 +38,27 @@ async def test_numbers_written_in_another_format_are_not_blended_in() -> None:
     await ModelSync(taught(), store, ttl_s=30, owner="gw-new-2").sync(now=102.0)
     assert await store.get_estimates(now=102.0, ttl_s=30, space=sync.space)
     assert (await store.get_estimates(now=102.0, ttl_s=30)).keys() == older.keys()  # the old space is untouched
+
+
+async def test_the_replicas_that_synced_lately_are_counted_as_gateways() -> None:
+    store = MemorySharedState()
+    a = ModelSync(taught(), store, ttl_s=30, owner="gw-a", alive_s=6)
+    b = ModelSync(Learner(), store, ttl_s=30, owner="gw-b", alive_s=6)
+    assert (a.gateways, b.gateways) == (1, 1)  # before any sync: only itself
+    assert await a.sync(now=100.0) and a.gateways == 1
+    assert await b.sync(now=101.0) and b.gateways == 2
+    assert await a.sync(now=102.0) and a.gateways == 2
+    assert await a.sync(now=110.0) and a.gateways == 1  # b stopped syncing 9 s ago
+
+
+async def test_with_the_store_down_the_last_count_stands() -> None:
+    class Down(MemorySharedState):
+        async def put_estimates(self, *args: object, **kwargs: object) -> None:
+            raise SharedStateUnavailable("down")
+
+    store = MemorySharedState()
+    sync = ModelSync(taught(), store, ttl_s=30, owner="gw-a", alive_s=6)
+    await store.put_estimates("gw-b", {}, now=100.0, ttl_s=30, space=sync.space)
+    assert await sync.sync(now=101.0) and sync.gateways == 2
+    sync.store = Down()
+    assert not await sync.sync(now=120.0) and sync.gateways == 2

@@ -67,6 +67,18 @@ async def test_estimates_in_different_spaces_do_not_mix(store: SharedState) -> N
 
 
 @pytest.mark.redis
+async def test_the_owners_that_published_lately_are_counted_per_space(store: SharedState) -> None:
+    await store.put_estimates("gw-a", {}, now=1000.0, ttl_s=30)  # a replica with nothing learned yet counts
+    await store.put_estimates("gw-b", {"tpot:chat": Estimate(0.02, 10)}, now=1004.0, ttl_s=30)
+    await store.put_estimates("gw-c", {"tpot:chat": Estimate(0.02, 10)}, now=1004.0, ttl_s=30, space="est:v2")
+    assert await store.live_owners(now=1005.0, within_s=6) == 2
+    assert await store.live_owners(now=1008.0, within_s=6) == 1  # gw-a went quiet
+    assert await store.live_owners(now=1008.0, within_s=6, space="est:v2") == 1
+    await store.put_estimates("gw-a", {}, now=1009.0, ttl_s=30)  # the same owner again: still one
+    assert await store.live_owners(now=1009.0, within_s=6) == 2
+
+
+@pytest.mark.redis
 async def test_token_bucket_refills_at_rate(store: SharedState) -> None:
     bucket = f"tenant-{uuid.uuid4().hex[:6]}"
     allowed = [await store.take_tokens(bucket, rate=2.0, burst=3.0, now=100.0) for _ in range(4)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,9 +37,14 @@ SPLIT_MIN_PER_S = 5
 def shares_per_second(results: Sequence[RequestResult]) -> list[tuple[int, float]]:
     """(second, share of that second's arrivals sent to the speculative pool), over the seconds that had
     at least ``SPLIT_MIN_PER_S`` arrivals."""
+    return split_per_second((result.arrival_s, result.pool) for result in results)
+
+
+def split_per_second(sent: Iterable[tuple[float, str]]) -> list[tuple[int, float]]:
+    """The same from (seconds since the start, pool) pairs: requests timed by any clock (the HTTP tests)."""
     seconds: dict[int, list[int]] = {}
-    for result in results:
-        seconds.setdefault(int(result.arrival_s), []).append(result.pool == "speculative")
+    for at_s, pool in sent:
+        seconds.setdefault(int(at_s), []).append(pool == "speculative")
     return [(second, sum(v) / len(v)) for second, v in sorted(seconds.items()) if len(v) >= SPLIT_MIN_PER_S]
 
 

@@ -91,6 +91,10 @@ class _ReplicaState:
         )
 
 
+def _none_in_flight(target: ScrapeTarget) -> int:
+    return 0  # a poller told nothing of the gateway's requests (tests, tools)
+
+
 class EnginePoller:
     """Owns the scrape state. The hub calls :meth:`scrape_once` on its interval, in a task it keeps."""
 
@@ -106,7 +110,7 @@ class EnginePoller:
         inflight: Callable[[ScrapeTarget], int] | None = None,
     ) -> None:
         self._client = client
-        self._inflight = inflight  # this gateway's requests on a replica now
+        self._inflight = inflight or _none_in_flight  # this gateway's requests on a replica now
         self._targets = targets
         self._timeout = httpx.Timeout(timeout_s)
         self._window_s = window_s
@@ -122,7 +126,7 @@ class EnginePoller:
         await asyncio.gather(*(self._scrape(state) for state in states))
 
     async def _scrape(self, state: _ReplicaState) -> None:
-        before = self._inflight(state.target) if self._inflight is not None else 0
+        before = self._inflight(state.target)
         try:
             response = await self._client.get(state.target.metrics_url, timeout=self._timeout)
             response.raise_for_status()
@@ -135,8 +139,7 @@ class EnginePoller:
         # The engine read its counts at some moment of the exchange. A request of ours that ended during it may
         # or may not be counted there, and one sent during it likewise: taking the larger of the counts before
         # and after errs toward too few, which the decision's floor (our own in-flight count) makes good.
-        after = self._inflight(state.target) if self._inflight is not None else 0
-        state.inflight_at_scrape = max(before, after)
+        state.inflight_at_scrape = max(before, self._inflight(state.target))
         if stats.spec is not None:
             state.window.observe(stats.spec, now)
 

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from backends.emulator.report import split_per_second
 from gateway.app import SpecgateApp, create_app
 from gateway.config import Settings
 from gateway.servers import ThreadServer
@@ -69,20 +70,12 @@ def drive(urls: list[str], seconds: float) -> list[tuple[float, int, str]]:
     return sorted(outcomes)
 
 
-def per_second(outcomes: list[tuple[float, int, str]]) -> list[float]:
-    """The share sent to the speculative pool by both gateways, second by second (seconds with >= 5 sent)."""
-    seconds: dict[int, list[bool]] = {}
-    for sent, _, pool in outcomes:
-        seconds.setdefault(int(sent), []).append(pool == "speculative")
-    return [sum(v) / len(v) for _, v in sorted(seconds.items()) if len(v) >= 5]
-
-
 def test_two_replicas_split_the_load_and_the_split_settles(replicas: tuple[list[str], list[SpecgateApp]]) -> None:
     urls, apps = replicas
     drive(urls, 6.0)  # both learn (and teach each other through Redis)
     assert [app.state.snapshot.gateways for app in apps] == [2, 2]  # each counts the other, through Redis
     outcomes = [o for o in drive(urls, 16.0) if o[0] >= 2.0]
-    shares = per_second(outcomes)
+    shares = [share for _, share in split_per_second((sent, pool) for sent, _, pool in outcomes)]  # both gateways
     by_gateway = [[pool == "speculative" for _, g, pool in outcomes if g == gateway] for gateway in (0, 1)]
     print(f"\nspeculative share per second, both gateways: {' '.join(f'{s:.2f}' for s in shares)}; "
           f"per gateway {', '.join(f'{sum(v) / len(v):.0%} of {len(v)}' for v in by_gateway)}; "

@@ -5,6 +5,11 @@ The routed endpoints go to raw ASGI routes (the hot path): chat and completions 
 public endpoints (the allow-list in :mod:`gateway.passthrough`) to :class:`~gateway.passthrough.PassthroughRoute`;
 everything else (health, readiness, models, metrics, explain, and OpenAI's 404 for any other path) is a thin
 FastAPI handler.
+
+What a caller without a key sees once keys are configured: ``/health``, ``/ready`` as ready or not (the pools,
+replicas and signals behind it only with the admin token), and ``/metrics`` unless ``metrics_need_admin``; the
+interactive docs (``/docs``, ``/redoc``, ``/openapi.json``) answer 404 then, as any unknown path does. While the
+gateway is open (no keys) all of them answer in full.
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -28,7 +34,15 @@ from gateway.adaptive.policy import is_warm, predictions
 from gateway.adaptive.views import model_view, prediction_view
 from gateway.auth import require_admin, require_key
 from gateway.config import Settings
-from gateway.errors import BodyTooLarge, GatewayError, MethodNotAllowed, NotFound, UnknownModel, error_body
+from gateway.errors import (
+    AuthenticationError,
+    BodyTooLarge,
+    GatewayError,
+    MethodNotAllowed,
+    NotFound,
+    UnknownModel,
+    error_body,
+)
 from gateway.passthrough import PassthroughRoute
 from gateway.pools import replica_states
 from gateway.proxy import ProxyRoute, parse_json_object
@@ -91,10 +105,11 @@ def create_app(
         finally:
             await state.stop()
 
-    api = FastAPI(title="specgate", version="0.1.0", lifespan=lifespan)
+    api = FastAPI(title="specgate", version="0.1.0", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     api.state.gateway = state
+    shared = state.signals.store if settings.redis_url else None
     owners = ResponseOwners(
-        settings.responses_ttl_s, settings.responses_max_ids, state.signals.store if settings.redis_url else None
+        settings.responses_ttl_s, settings.responses_max_ids, shared, evicted=state.metrics.response_ids_evicted
     )
     chat, completions = ProxyRoute(state, "chat", CHAT_PATH), ProxyRoute(state, "completions", COMPLETIONS_PATH)
     responses = ResponsesRoute(state, owners)
@@ -121,16 +136,19 @@ def create_app(
         return {"status": "ok"}
 
     @api.get("/ready")
-    async def ready() -> JSONResponse:
+    async def ready(request: Request) -> JSONResponse:
+        ok = any(p.available for p in state.snapshot.pools.values()) and not state.draining
+        status = 200 if ok else 503
+        if not sees_operator_detail(state, request.headers):
+            return JSONResponse({"ready": ok, "draining": state.draining}, status_code=status)
         pools = {
             name: {"healthy": p.healthy_replicas, "total": p.total_replicas} for name, p in state.snapshot.pools.items()
         }
-        ok = any(p.available for p in state.snapshot.pools.values()) and not state.draining
         details = {"ready": ok, "pools": pools, "qps_source": state.snapshot.qps_source}
         details["replicas"] = replica_states(state.pools)
         details["draining"] = state.draining
         details["signals"] = state.signals.status()
-        return JSONResponse(details, status_code=200 if ok else 503)
+        return JSONResponse(details, status_code=status)
 
     @api.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -195,4 +213,40 @@ def create_app(
         return {**view, "warm_after": state.warm_after}
 
     admin.register(api, state)
+    register_docs(api, state)
     return SpecgateApp(state, api, routes, PassthroughRoute(state, owners))
+
+
+def sees_operator_detail(state: GatewayState, headers: Mapping[str, str]) -> bool:
+    """Whether a caller may see replica URLs and signal sources: anyone while the gateway is open (no keys),
+    else only a caller with the admin token."""
+    if state.access.open:
+        return True
+    try:
+        state.access.check_admin(headers)
+    except AuthenticationError:
+        return False
+    return True
+
+
+def register_docs(api: FastAPI, state: GatewayState) -> None:
+    """FastAPI's interactive docs, only while the gateway is open: with keys configured they would show every
+    endpoint to anyone, so each answers OpenAI's 404 then (checked per request: a reload may add keys)."""
+
+    def check_open(request: Request) -> None:
+        if not state.access.open:
+            raise NotFound(f"Invalid URL ({request.method} {request.url.path})")
+
+    @api.get("/openapi.json", include_in_schema=False, dependencies=[Depends(check_open)])
+    async def openapi() -> JSONResponse:
+        return JSONResponse(api.openapi())
+
+    @api.get("/docs", include_in_schema=False, dependencies=[Depends(check_open)])
+    async def swagger(request: Request) -> HTMLResponse:
+        schema = request.scope.get("root_path", "").rstrip("/") + "/openapi.json"
+        return get_swagger_ui_html(openapi_url=schema, title=f"{api.title} - Swagger UI")
+
+    @api.get("/redoc", include_in_schema=False, dependencies=[Depends(check_open)])
+    async def redoc(request: Request) -> HTMLResponse:
+        schema = request.scope.get("root_path", "").rstrip("/") + "/openapi.json"
+        return get_redoc_html(openapi_url=schema, title=f"{api.title} - ReDoc")

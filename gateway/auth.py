@@ -33,6 +33,7 @@ import yaml
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from gateway.bounds import length_bound
 from gateway.config import Settings
 from gateway.decide import Decision
 from gateway.errors import AuthenticationError, InvalidRequest, RateLimited
@@ -144,19 +145,21 @@ class ApiKey:
     limits: KeyLimits | None  # None: no rpm, tpm or concurrency limit
     stats: KeyMetrics  # specgate_key_* labelled by ``name``
 
-    def cap(self, payload: dict[str, Any], body: bytes) -> bytes:
-        """Refuse a ``max_tokens`` over the cap (400); send the cap when the request gives none."""
+    def cap(self, payload: dict[str, Any], body: bytes, field: str = "max_tokens") -> bytes:
+        """The key's ``max_tokens`` cap, per completion: a body whose length bound (the largest of every spelling
+        present, :func:`gateway.bounds.length_bound`) is over it is refused (400); a value that is not a positive
+        JSON integer is refused whatever the cap; with none given the cap is sent as ``field``."""
         cap = self.max_tokens
         if cap is None:
             return body
-        for name in ("max_completion_tokens", "max_tokens"):
-            value = payload.get(name)
-            if value is not None:
-                if isinstance(value, int) and not isinstance(value, bool) and value > cap:
-                    raise InvalidRequest(f"'{name}' is {value}; this key allows at most {cap}", param=name)
-                return body  # a bad type is left to extract_features' 400
-        payload["max_tokens"] = cap
-        return orjson.dumps(payload)
+        bound = length_bound(payload)
+        if bound is None:
+            payload[field] = cap
+            return orjson.dumps(payload)
+        name, value = bound
+        if value > cap:
+            raise InvalidRequest(f"'{name}' is {value}; this key allows at most {cap}", param=name)
+        return body
 
     def steer(self, decision: Decision, snapshot: Snapshot) -> Decision:
         """A decision for a pool this key may not use goes to an allowed one (the available one first)."""
@@ -237,6 +240,16 @@ class Access:
             for name in [n for n in headers if n.startswith(STEERING_PREFIX)]:
                 del headers[name]
         return key
+
+    def check(self, key: ApiKey, now: float) -> None:
+        """Refuse (429) a key that could not be admitted for any request now, before its body is parsed."""
+        if key.limits is None:
+            return
+        try:
+            key.limits.check(now)
+        except RateLimited as exc:
+            key.stats.refused(exc.limit)
+            raise
 
     def admit(self, key: ApiKey, prompt_tokens: int, completion_tokens: int, now: float) -> Admission | None:
         if key.limits is None:

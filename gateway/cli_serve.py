@@ -32,7 +32,13 @@ NO_REPLICAS = (
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--rules", type=Path, help="rules file (default: the shipped reference rules)")
+    serve.add_argument(
+        "--rules",
+        type=Path,
+        help="rules file (default: the shipped gateway/rules.yaml, the adaptive policy: pins, then the pool the "
+        "learned model predicts is fastest, the reference rules until it is warm; gateway/rules-reference.yaml "
+        "holds the static reference rules alone)",
+    )
     serve.add_argument("--standard", help="standard pool replica URLs, comma-separated")
     serve.add_argument("--speculative", help="speculative pool replica URLs, comma-separated")
     serve.add_argument("--host", help="listen address (default 127.0.0.1)")

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     # Endpoints without a routing decision (gateway/passthrough.py): this pool first (unset: the rules' default).
     passthrough_pool: Literal["standard", "speculative"] | None = None
     responses_ttl_s: float = Field(default=3600.0, gt=0)  # how long a response id maps back to its replica
-    responses_max_ids: int = Field(default=100_000, ge=1)  # ids held in memory (the oldest go first)
+    responses_max_ids: int = Field(default=100_000, ge=1)  # ids in memory (full: the biggest holder's oldest go)
     log_level: str = "info"
     log_format: Literal["text", "json"] = "text"  # json: JSON lines, one per finished request (gateway/logs.py)
     tracing: Literal["off", "otel"] = "off"  # otel: OpenTelemetry spans, OTEL_* variables (gateway/tracing.py)

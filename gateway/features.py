@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.bounds import length_bound, prompt_count, sequences
 from gateway.errors import InvalidRequest
 from gateway.rules import RoutingRules
 
@@ -38,6 +39,15 @@ class RequestFeatures:
     objective: str | None = None  # "e2e" or "ttft" from x-specgate-objective; None: the rules file's
     slo_ttft_ms: float | None = None  # x-specgate-slo-ttft-ms
     slo_e2e_ms: float | None = None  # x-specgate-slo-e2e-ms
+    prompts: int = 1  # prompts of a /v1/completions batch: each generates n sequences
+    # (acceptance rate, output tokens) known in advance: set only by the simulator's perfect-predictor
+    # reference (backends/emulator), never from a request; the model then predicts from these, not estimates
+    known: tuple[float, int] | None = None
+
+    @property
+    def sequences(self) -> int:
+        """Sequences the request generates, each up to ``max_tokens``: what its token charge multiplies."""
+        return self.n * self.prompts
 
 
 class Classifier:
@@ -122,17 +132,22 @@ def extract_features(
     model = body.get("model", "")
     if not isinstance(model, str):
         raise InvalidRequest("'model' must be a string", param="model")
+    prompts = 1
     if kind == "chat":
         system, user, chars = _chat_text(body.get("messages"))
     else:
         system, user, chars = None, *_prompt_text(body.get("prompt"))
-    max_tokens = _max_tokens(body, rules.defaults.max_tokens)
-    return request_features(body, headers, classifier, model, max_tokens, chars, system, user, draw, has_n=True)
+        prompts = prompt_count(body.get("prompt"))
+    bound = length_bound(body)  # every spelling checked; the largest counts
+    max_tokens = bound[1] if bound is not None else rules.defaults.max_tokens
+    return request_features(
+        body, headers, classifier, model, max_tokens, chars, system, user, draw, has_n=True, prompts=prompts
+    )
 
 
 def request_features(
     body: Mapping[str, Any], headers: Mapping[str, str], classifier: Classifier, model: str, max_tokens: int,
-    prompt_tokens: int, system: str | None, user: str | None, draw: float | None, *, has_n: bool,
+    prompt_tokens: int, system: str | None, user: str | None, draw: float | None, *, has_n: bool, prompts: int = 1,
 ) -> RequestFeatures:  # fmt: skip
     """The features every routed endpoint shares, once the endpoint has read its model, length and texts:
     task, stream, n (where the endpoint has it), temperature, the request's draw, the copy cue and the
@@ -144,7 +159,7 @@ def request_features(
         prompt_tokens=prompt_tokens,
         task=task,
         stream=_optional(body, "stream", bool, False),
-        n=_positive_int(body, "n", 1) if has_n else 1,
+        n=sequences(body) if has_n else 1,  # n, or vLLM's best_of when larger
         temperature=_temperature(body),
         headers=headers,
         draw=random.random() if draw is None else draw,
@@ -153,10 +168,25 @@ def request_features(
         objective=_objective(headers),
         slo_ttft_ms=_slo(headers, "x-specgate-slo-ttft-ms"),
         slo_e2e_ms=_slo(headers, "x-specgate-slo-e2e-ms"),
+        prompts=prompts,
     )
 
 
-_QUOTED = re.compile(r'"[^"\n]{120,}"|“[^”]{120,}”|「[^」]{60,}」|\n>[^\n]{60,}')
+# A long quoted passage, as (opener, pattern, what the pattern's search needs before the text): "..." of 120+
+# characters on one line, a "> " quoted line of 60+, “...” of 120+, 「...」 of 60+. Each search is linear in the
+# text, and starts with one literal (a fast scan; a set of first characters is 10x slower on plain text).
+# "..." and \n>... are linear as written: an attempt's content stops at the next opener, so no two attempts scan
+# the same stretch. `“[^”]{120,}”` (and its 「」 twin) is not: its content may hold openers, so retried from each
+# of 8,000 “ it scans to the end each time (quadratic: 16-38 ms a message). Its pattern starts at a closer (one
+# is put before the text), skips to the stretch's first opener and needs the stretch's closer far enough away:
+# the match `“[^”]{120,}”` finds, as the openers between two closers all share the later one, the first the
+# farthest from it.
+_QUOTED = (
+    ('"', re.compile(r'"[^"\n]{120,}"'), ""),
+    ("\n>", re.compile(r"\n>[^\n]{60,}"), ""),
+    ("“", re.compile(r"”[^“”]*“[^”]{120,}”"), "”"),
+    ("「", re.compile(r"」[^「」]*「[^」]{60,}」"), "」"),
+)
 
 
 def has_copy_cue(text: str | None) -> bool:
@@ -164,12 +194,14 @@ def has_copy_cue(text: str | None) -> bool:
 
     Speculation's gain follows how much of the answer can be copied from the prompt (n-gram and draft
     models both guess such tokens well), whatever the task is called. A cheap cue; the learner finds out
-    per deployment how much it matters.
+    per deployment how much it matters. Reads the first 8,000 characters, in time linear in them.
     """
     if not text:
         return False
     head = text[:8000]
-    return "```" in head or _QUOTED.search(head) is not None
+    if "```" in head:
+        return True
+    return any(opener in head and pattern.search(before + head) is not None for opener, pattern, before in _QUOTED)
 
 
 def _objective(headers: Mapping[str, str]) -> str | None:
@@ -242,31 +274,12 @@ def estimate_tokens(text: str) -> int:
     return (len(text) * 2 + 2) // 3
 
 
-def _max_tokens(body: Mapping[str, Any], default: int) -> int:
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if value is not None:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidRequest(f"'{key}' must be a positive integer", param=key)
-            return value
-    return default
-
-
 def _optional(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
     value = body.get(key)
     if value is None:
         return default
     if not isinstance(value, kind):
         raise InvalidRequest(f"'{key}' must be a {kind.__name__}", param=key)
-    return value
-
-
-def _positive_int(body: Mapping[str, Any], key: str, default: int) -> int:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InvalidRequest(f"'{key}' must be a positive integer", param=key)
     return value
 
 

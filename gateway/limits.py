@@ -124,15 +124,32 @@ class KeyLimits:
     wanted: bool = False  # a request was refused for concurrency since the last sync (published as demand)
     wake: asyncio.Event | None = None  # set on first use: the limiter syncs at once
 
-    def admit(self, cost: int, now: float) -> Admission:
-        """Take one request and ``cost`` tokens, or raise :class:`RateLimited` (nothing taken)."""
+    def check(self, now: float) -> None:
+        """Refuse (:class:`RateLimited`, nothing taken) a request this key could not be admitted for whatever it
+        asks: no slot free, no request left, or an empty token bucket. Cheap, so it runs before the body is
+        parsed: a key over its limits costs the gateway no work that grows with what it sends."""
         if now - self.last_used >= ACTIVE_S and self.wake is not None:
             self.wake.set()  # not synced while idle: the shared levels and the others' counts are unknown
         self.last_used = now
-        requests, tokens = self.requests, self.tokens
         if self.concurrency is not None and self.inflight + self.others_inflight >= self.concurrency:
             self.wanted = True
             raise self._refused("requests", f"concurrent requests: Limit {self.concurrency}", 1.0, now, "concurrency")
+        requests, tokens = self.requests, self.tokens
+        if requests is not None:
+            requests.refill(now)
+            if requests.level < 1:
+                message = f"requests per min (RPM): Limit {requests.limit:g}, Requested 1"
+                raise self._refused("requests", message, requests.wait_s(1), now, "rpm")
+        if tokens is not None:
+            tokens.refill(now)
+            if tokens.level < 1:
+                message = f"tokens per min (TPM): Limit {tokens.limit:g}"
+                raise self._refused("tokens", message, tokens.wait_s(1), now, "tpm")
+
+    def admit(self, cost: int, now: float) -> Admission:
+        """Take one request and ``cost`` tokens, or raise :class:`RateLimited` (nothing taken)."""
+        self.check(now)
+        requests, tokens = self.requests, self.tokens
         if requests is not None and not requests.take(1, now):
             message = f"requests per min (RPM): Limit {requests.limit:g}, Requested 1"
             raise self._refused("requests", message, requests.wait_s(1), now, "rpm")

@@ -239,6 +239,12 @@ class GatewayMetrics:
         self.key_reloads = Counter(
             "specgate_key_reloads", "Keys file reloads by result (ok, rejected).", ["result"], registry=registry
         )
+        self.response_ids_evicted = Counter(
+            "specgate_response_ids_evicted",
+            "Live Responses API ids dropped from this gateway's map (responses_max_ids) before their TTL, taken "
+            "from the key holding the most; without Redis, such a response can no longer be retrieved.",
+            registry=registry,
+        )
         self.keys: dict[str, KeyMetrics] = {}
         registry.register(KeyCollector(self.keys))
         self.routing_step = FastHistogram(

@@ -14,7 +14,8 @@ string goes along only where an entry says so (GET endpoints that take one), aft
 Forwarding reuses the proxy's relay (booking, retry before the first byte on another replica then the other
 pool, first-byte and idle deadlines, metrics, ``x-specgate-*`` headers) with a "passthrough" decision for the
 default pool (``passthrough_pool`` names another). Responses API objects (``{id}`` of ``/v1/responses``) go to
-the replica that created them (:mod:`gateway.response_ids`), with no retry elsewhere: no other replica has it.
+the replica that created them (:mod:`gateway.response_ids`), with no retry elsewhere: no other replica has it;
+only for the key that created them (any other key gets a 404).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from types import MappingProxyType
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth import ApiKey
+from gateway.bounds import length_bound, sequences
 from gateway.decide import Decision
 from gateway.direct import direct_body
 from gateway.errors import (
@@ -157,6 +159,8 @@ class PassthroughRoute:
             target = upstream_target(endpoint, scope["path"], scope.get("query_string", b""))
             key = state.access.authenticate(headers)  # before the body: no key, no upload
             body = await read_body(receive, headers, state.settings.max_body_bytes)
+            if key is not None:
+                state.access.check(key, time.time())  # a key over its limits: refused before any parse
             pinned = await self._owner(rid, key) if endpoint.owner and rid is not None else None
             decision = Decision(pinned.pool, "response owner", None) if pinned else passthrough_decision(state)
             features = NO_FEATURES
@@ -164,7 +168,7 @@ class PassthroughRoute:
                 decision = key.steer(decision, state.snapshot)
                 if endpoint.usage is not None:
                     body, features = generation_features(key, body, state.ruleset.rules.defaults.max_tokens)
-                cost = features.max_tokens * features.n
+                cost = features.max_tokens * features.sequences
                 admission = state.access.admit(key, features.prompt_tokens, cost, time.time())
         except GatewayError as exc:
             await reject(state, send, exc, request_id, scope["path"], started)
@@ -176,7 +180,8 @@ class PassthroughRoute:
         await run_relay(relay, key, admission, body, receive, send, scope)
 
     async def _owner(self, rid: str, key: ApiKey | None) -> Replica:
-        url = await self.owners.owner(rid)
+        """The replica holding this key's response ``rid``; another key's, or an unknown one, is a 404."""
+        url = await self.owners.replica_url(rid, self.owners.owner_of(key))
         replica = find_replica(self.state, url) if url is not None else None
         if replica is None or (key is not None and key.pools is not None and replica.pool not in key.pools):
             raise NotFound(f"Response with id '{rid}' not found.", param="response_id")
@@ -184,18 +189,26 @@ class PassthroughRoute:
 
 
 def generation_features(key: ApiKey, body: bytes, default_max_tokens: int) -> tuple[bytes, RequestFeatures]:
-    """A text-generating pass-through call under a key: the key's ``max_tokens`` cap (over it a 400, absent it
-    is sent, as for chat), and what its token limit is charged up front: the body's text as a prompt estimate
-    (its JSON keys too: an over-estimate, corrected with the rest when ``usage`` arrives) and ``max_tokens``
-    for each conversation (the batch endpoint's ``messages`` is a list of them)."""
+    """A text-generating pass-through call under a key: the key's ``max_tokens`` cap (every spelling checked, the
+    largest counts; over it a 400, absent it is sent, as for chat), and what its token limit is charged up front:
+    the body's text as a prompt estimate (its JSON keys too: an over-estimate, corrected with the rest when
+    ``usage`` arrives) and ``max_tokens`` for each sequence (``n`` or ``best_of`` for each conversation: the batch
+    endpoint's ``messages`` is a list of them). A bound that is not a positive integer is a 400, cap or none."""
     payload = parse_json_object(body)
     body = key.cap(payload, body)
-    value = payload.get("max_tokens")
-    max_tokens = value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default_max_tokens
+    bound = length_bound(payload)
     messages = payload.get("messages")
     conversations = len(messages) if isinstance(messages, list) and messages and isinstance(messages[0], list) else 1
     prompt = estimate_tokens(body.decode("utf-8", "replace"))
-    return body, replace(NO_FEATURES, max_tokens=max_tokens, prompt_tokens=max(prompt, 1), n=conversations)
+    features = replace(
+        NO_FEATURES,
+        max_tokens=bound[1] if bound is not None else default_max_tokens,
+        prompt_tokens=max(prompt, 1),
+        n=sequences(payload),
+        prompts=conversations,
+        stream=payload.get("stream") is True,
+    )
+    return body, features
 
 
 async def run_relay(
@@ -266,7 +279,7 @@ class PassthroughRelay(_Relay):
         replica = self.pinned
         if replica is None:
             return await super()._open(body, guard)
-        tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
+        tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.sequences
         self.booking = replica.book(tokens)
         try:
             opened = await self._attempt(replica, body)

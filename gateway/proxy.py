@@ -100,13 +100,15 @@ class ProxyRoute:
     def route_key(
         self, key: ApiKey, body: bytes, headers: dict[str, str]
     ) -> tuple[bytes, RequestFeatures, Decision, Admission | None]:
-        """Routing for a request with an API key: its max_tokens cap, allowed pools and limits."""
+        """Routing for a request with an API key: its limits first (a key over them costs no parse), its
+        max_tokens cap, allowed pools, then its admission."""
+        self.state.access.check(key, time.time())
         payload = parse_json_object(body)
         body = key.cap(payload, body)
         snapshot = self.state.current_snapshot()
         features, decision = self.route_payload(payload, headers, snapshot)
         decision = key.steer(decision, snapshot)
-        cost = features.max_tokens * features.n
+        cost = features.max_tokens * features.sequences
         return body, features, decision, self.state.access.admit(key, features.prompt_tokens, cost, time.time())
 
     def route_payload(
@@ -142,7 +144,8 @@ class _Relay:
         self.features = features
         self.decision = decision
         self.forward_headers = forwardable(headers)
-        self.forward_headers["x-request-id"] = self.request_id = request_id  # vLLM takes it as its request id
+        self.request_id = request_id  # the client's x-request-id, or the gateway's own: the response, logs, trace
+        self.forward_headers["x-request-id"] = self.upstream_id = state.request_ids.for_upstream(request_id, headers)
         self.allowed: frozenset[str] | None = None  # the pools the caller's key may use (None: any)
         self.extra_headers: RawHeaders = []  # x-ratelimit-* for a limited key
         self.started = started
@@ -154,6 +157,7 @@ class _Relay:
         self.tokens = 0
         self.booking: Booking | None = None
         self.retried = False
+        self.sent = False  # the request went to a pool (a client leaving after that is charged: used_tokens)
         # Per-stream relay state, updated for every chunk (also from the direct sink, outside any task).
         self.events = 0
         self.usage: int | None = None
@@ -194,7 +198,7 @@ class _Relay:
     async def _open(self, body: bytes, guard: Guard) -> tuple[UpstreamResponse, bytes, ChunkReader | None]:
         """Book a replica and read the response head plus its first chunk; retry once on failure."""
         pools = self.state.pools
-        tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.n
+        tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.sequences
         self.booking = pools.acquire(self.pool, tokens, allowed=self.allowed)
         if self.booking.replica.pool != self.pool:  # the decision's snapshot predates a breaker or health change
             self.pool = self.booking.replica.pool
@@ -237,6 +241,7 @@ class _Relay:
             headers = {**headers, **pool_auth}
         if self._trace is not None:
             headers = self._trace.upstream(replica.pool, replica.url, headers)
+        self.sent = True
         response = await self.state.upstream.send(replica.url + self.path, body, headers, self.method)
         try:
             if not _is_event_stream(response.headers):
@@ -312,11 +317,18 @@ class _Relay:
                 writer.uncork()
 
     def used_tokens(self, prompt_tokens: int) -> int:
-        """What a key's token limit is charged: nothing for a failed request; else the prompt estimate plus
-        the response's usage, or the stream events relayed (a stream cut short too)."""
-        if self.status != 200:
+        """What a key's token limit is charged. An answer (200): the prompt estimate plus the response's usage, or
+        the stream's events relayed (a stream cut short too). A client that went away once its request reached a
+        pool: the prompt plus what was generated for it, as far as the gateway can know: a stream's usage or
+        events relayed so far; a non-streamed answer's whole booking (the engine may have generated all of it).
+        Nothing for a request that never reached a pool, or that a pool refused or failed before answering."""
+        if self.status == 200:
+            return prompt_tokens + (self.tokens or self.usage or max(self.events - 1, 0))
+        if self.status != 499 or not self.sent:
             return 0
-        return prompt_tokens + (self.tokens or self.usage or max(self.events - 1, 0))
+        if self.ttft is not None or self.features.stream:
+            return prompt_tokens + (self.tokens or self.usage or self.events)
+        return prompt_tokens + self.features.max_tokens * self.features.sequences
 
     def _relay_direct(self, chunk: bytes) -> bool:
         """The pipe's sink: runs in the upstream connection's read callback, once per socket read."""

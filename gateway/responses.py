@@ -2,9 +2,10 @@
 
 Features come from ``input`` (a string, or items whose last user text feeds the classifier), ``instructions``
 (the system prompt), ``max_output_tokens`` and ``stream``. The relay is the proxy's, plus: the response id is
-read from the body or the stream's first events and remembered with the replica that answered
-(:mod:`gateway.response_ids`), and a request that continues a conversation (``previous_response_id``) goes
-to the replica holding it, since vLLM keeps it in that server's memory.
+read from the body or the stream's first events and remembered with the replica that answered and the caller's
+key (:mod:`gateway.response_ids`), and a request that continues a conversation (``previous_response_id``) goes
+to the replica holding it, since vLLM keeps it in that server's memory; another key's id, or one the gateway
+does not know, is a 404. A client-chosen id (``request_id``) that the gateway already knows is a 400.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth import ApiKey
 from gateway.decide import Decision, decide
-from gateway.errors import GatewayError, InvalidRequest
+from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.features import Classifier, RequestFeatures, estimate_tokens, request_features
 from gateway.guard import Guard
 from gateway.passthrough import PassthroughRelay, find_replica, reject, run_relay
@@ -107,6 +107,7 @@ class ResponsesRelay(PassthroughRelay):
 
     usage_key = b'"output_tokens":'
     owners: ResponseOwners
+    owner: str  # ResponseOwners.owner_of the caller's key
     _awaiting_token = False
     _scanner: StreamIdScanner | None = None
 
@@ -117,7 +118,7 @@ class ResponsesRelay(PassthroughRelay):
             if chunks is None:
                 rid = body_response_id(first)
                 if rid is not None:
-                    write = self.owners.remember(rid, self.booking.replica.url)
+                    write = self.owners.remember(rid, self.booking.replica.url, self.owner)
                     if write is not None:
                         await write  # so that a retrieve through another gateway finds it (bounded by Redis's timeout)
             else:
@@ -140,7 +141,7 @@ class ResponsesRelay(PassthroughRelay):
         assert self._scanner is not None and self.booking is not None
         rid = self._scanner.feed(chunk)
         if rid is not None:
-            self.owners.remember(rid, self.booking.replica.url)  # the write to Redis runs in the background
+            self.owners.remember(rid, self.booking.replica.url, self.owner)  # Redis is written in the background
         if self._scanner.done:
             self._scanner = None
 
@@ -162,12 +163,16 @@ class ResponsesRoute:
         try:
             key = state.access.authenticate(headers)  # before the body: no key, no upload
             body = await read_body(receive, headers, state.settings.max_body_bytes)
+            if key is not None:
+                state.access.check(key, time.time())  # a key over its limits: refused before any parse
             payload = parse_json_object(body)
             if key is not None:
                 body = cap_output(key, payload, body)
             snapshot = state.current_snapshot()
             features, decision = self.route_payload(payload, headers, snapshot)
-            pinned = await self._conversation_owner(payload, key)
+            owner = self.owners.owner_of(key)
+            await self._refuse_taken_id(payload)
+            pinned = await self._conversation_owner(payload, key, owner)
             if pinned is not None:
                 decision = Decision(pinned.pool, "previous response", None)
             if key is not None:
@@ -180,7 +185,7 @@ class ResponsesRoute:
         state.qps.record(time.monotonic())
         state.signals.record_request(time.time())
         relay = ResponsesRelay(state, self.path, features, decision, headers, started, request_id)
-        relay.owners, relay.pinned = self.owners, pinned
+        relay.owners, relay.owner, relay.pinned = self.owners, owner, pinned
         await run_relay(relay, key, admission, body, receive, send, scope)
 
     def route_payload(
@@ -191,30 +196,30 @@ class ResponsesRoute:
         self.state.check_model(features.model)
         return features, decide(features, snapshot, ruleset.rules)
 
-    async def _conversation_owner(self, payload: Mapping[str, Any], key: ApiKey | None) -> Replica | None:
-        """The replica holding ``previous_response_id``, when the gateway knows it and the key may use its pool
-        (else the decider's pick, which answers vLLM's own 404 if it does not have it)."""
+    async def _conversation_owner(self, payload: Mapping[str, Any], key: ApiKey | None, owner: str) -> Replica | None:
+        """The replica holding ``previous_response_id``. The gateway must know it as this key's, in a pool the key
+        may use: else a 404, as for an id that does not exist (vLLM keeps a response only where it was made)."""
         previous = payload.get("previous_response_id")
+        if previous is None:
+            return None
         if not valid_id(previous):
-            return None
-        url = await self.owners.owner(previous)
+            raise InvalidRequest("'previous_response_id' must be a response id", param="previous_response_id")
+        url = await self.owners.replica_url(previous, owner)
         replica = find_replica(self.state, url) if url is not None else None
-        if replica is not None and key is not None and key.pools is not None and replica.pool not in key.pools:
-            return None
+        if replica is None or (key is not None and key.pools is not None and replica.pool not in key.pools):
+            raise NotFound(f"Response with id '{previous}' not found.", param="previous_response_id")
         return replica
+
+    async def _refuse_taken_id(self, payload: Mapping[str, Any]) -> None:
+        """vLLM names the response after a client's ``request_id`` and stores it over any response the replica
+        holds under that id: an id the gateway knows (whoever's) is refused."""
+        chosen = payload.get("request_id")
+        if valid_id(chosen) and await self.owners.known(chosen):
+            message = f"request_id '{chosen}' is already in use: leave request_id out or choose another"
+            raise InvalidRequest(message, param="request_id")
 
 
 def cap_output(key: ApiKey, payload: dict[str, Any], body: bytes) -> bytes:
-    """A key's ``max_tokens`` cap on ``max_output_tokens``: over it a 400, absent it is sent (as
-    :meth:`gateway.auth.ApiKey.cap` does for chat)."""
-    cap = key.max_tokens
-    if cap is None:
-        return body
-    value = payload.get("max_output_tokens")
-    if value is None:
-        payload["max_output_tokens"] = cap
-        return orjson.dumps(payload)
-    if isinstance(value, int) and not isinstance(value, bool) and value > cap:
-        message = f"'max_output_tokens' is {value}; this key allows at most {cap}"
-        raise InvalidRequest(message, param="max_output_tokens")
-    return body
+    """A key's ``max_tokens`` cap on ``max_output_tokens`` (every length spelling checked, the largest counts):
+    over it a 400, absent it is sent (as :meth:`gateway.auth.ApiKey.cap` does for chat)."""
+    return key.cap(payload, body, field="max_output_tokens")

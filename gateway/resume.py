@@ -8,6 +8,11 @@ then ends the prompt inside that message, so the model carries on from the last 
 ``max_tokens`` lowered by what was already sent. Its events are spliced into the same client stream: the
 original ``id``/``created``/``model``, no second role announcement, usage summed, one ``data: [DONE]``.
 
+A stream ends as complete only where an engine said the answer ended (a ``finish_reason`` relayed): cut after
+that, the gateway adds what the cut took (the usage event the client asked for, counted by another replica's
+``/tokenize``, and ``data: [DONE]``). Otherwise it is continued, or it ends with the error event: never short
+and silent.
+
 Eligibility is decided once per request (:func:`plan`): ``/v1/chat/completions``, ``stream: true``, ``n`` 1,
 no logprobs, no tools that may be called, no structured output (a grammar would restart at the splice), and
 the rule on. Only an eligible stream gets a :class:`StreamTap`; an ineligible one costs the relay one
@@ -15,9 +20,10 @@ attribute test per chunk. The tap relays the original stream's bytes unchanged b
 trailing event until its end arrives (the client never sees half an event before a cut), and notes the text
 of the content deltas. Events are parsed only on this path (one ``orjson.loads`` per event).
 
-Limits (docs/operating.md): what was sent is counted in content events, which is one token per event on a
-plain replica but may be several on a speculative one, so ``max_tokens`` and the summed usage may undercount
-there; a sampled continuation is a new draw, not what the dead replica would have said; the splice
+Limits (docs/operating.md): what was sent is counted by the continuing replica's ``/tokenize``; where that
+cannot answer, in content events (one token per event on a plain replica, several on a speculative one, so
+``max_tokens`` and the summed usage may undercount there) and, for a usage event the cut took, the gateway's
+prompt estimate. A sampled continuation is a new draw, not what the dead replica would have said; the splice
 re-tokenises the relayed text, which can differ from the tokens the dead replica generated.
 """
 
@@ -78,7 +84,7 @@ class StreamTap:
     """What one eligible stream needs to be resumed: the text relayed, counts, the stream's identity."""
 
     __slots__ = ("attempts_left", "base", "created", "done", "finished", "id", "model", "parts", "payload",
-                 "pending", "role_sent", "sent", "usage")  # fmt: skip
+                 "pending", "role_sent", "sent", "usage", "usage_sent", "wants_usage")  # fmt: skip
 
     def __init__(self, payload: dict[str, Any], attempts: int) -> None:
         self.payload = payload
@@ -92,8 +98,11 @@ class StreamTap:
         self.created: Any = None
         self.model: Any = None
         self.role_sent = False
-        self.finished = False  # a finish_reason was relayed: the answer is complete
+        self.finished = False  # a finish_reason was relayed: the engine said the answer is complete
         self.done = False  # data: [DONE] was relayed
+        options = payload.get("stream_options")
+        self.wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+        self.usage_sent = False  # a usage event was relayed
 
     # -- the original stream: relayed unchanged ------------------------------------------------------
     def take(self, chunk: bytes) -> bytes:
@@ -126,6 +135,7 @@ class StreamTap:
             return
         if self.id is None and "id" in obj:
             self.id, self.created, self.model = obj.get("id"), obj.get("created"), obj.get("model")
+        self.usage_sent = self.usage_sent or isinstance(obj.get("usage"), dict)
         for choice in _choices(obj):
             self._note_choice(choice)
 
@@ -212,16 +222,31 @@ class StreamTap:
                 usage["prompt_tokens"] = prompt - self.base  # its prompt held the relayed text's tokens
                 usage["total_tokens"] = usage["prompt_tokens"] + completion
             usage["completion_tokens"] = self.usage = completion
+            self.usage_sent = True
         return b"data: " + orjson.dumps(obj)
 
-    def closing(self) -> bytes:
-        """The events that end the stream when nothing is left to generate."""
-        if self.finished:
-            return b"" if self.done else _DONE + b"\n\n"
-        event = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                 "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}]}  # fmt: skip
-        self.finished = True
-        return b"data: " + orjson.dumps(event) + b"\n\n" + _DONE + b"\n\n"
+    def ended(self) -> bool:
+        """An engine said the answer is complete (a finish_reason, or ``data: [DONE]``, was relayed)."""
+        return self.finished or self.done
+
+    def owes_usage(self) -> bool:
+        """The answer ended but the usage event the client asked for was not relayed (the cut took it)."""
+        return self.wants_usage and not self.usage_sent and not self.done
+
+    def ending(self, prompt: int | None, completion: int | None) -> bytes:
+        """What ends a stream whose answer the engine said was complete: the usage event it owes (``prompt``
+        and ``completion`` given), then ``data: [DONE]``, unless already relayed."""
+        if self.done:
+            return b""
+        out = b""
+        if prompt is not None and completion is not None and self.owes_usage():
+            usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+            event = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                     "choices": [], "usage": usage}  # fmt: skip
+            out = b"data: " + orjson.dumps(event) + b"\n\n"
+            self.usage, self.usage_sent = completion, True
+        self.done = True
+        return out + _DONE + b"\n\n"
 
 
 def _parse(event: bytes) -> dict[str, Any] | None:
@@ -253,51 +278,31 @@ def _empty(obj: dict[str, Any]) -> bool:
 async def resume_stream(relay: _Relay, send: Send) -> bool:
     """Continue ``relay``'s cut stream on another replica; True when the client's response was ended here
     (a complete answer, or a client gone meanwhile), False to end it with the error event as before."""
-    tap = relay.resume
-    guard = relay._guard
+    tap, guard = relay.resume, relay._guard
     assert tap is not None and guard is not None and relay.booking is not None
     metrics = relay.state.metrics
     tried = {relay.booking.replica}
-    while tap.attempts_left > 0:
+    while not tap.ended() and tap.attempts_left > 0:
         tap.attempts_left -= 1
-        remaining = tap.remaining()
-        if tap.done or tap.finished or (remaining is not None and remaining <= 0):
-            await send({"type": "http.response.body", "body": tap.closing(), "more_body": False})
-            relay.tokens = tap.usage or tap.sent
-            metrics.resumes.labels("ended").inc()
-            return True
-        relay.resumed = True
-        relay.booking.release()
-        try:
-            tokens = relay.features.prompt_tokens + (relay.features.max_tokens if remaining is None else remaining)
-            relay.booking = relay.state.pools.acquire_retry(relay.pool, tokens, frozenset(tried), relay.allowed)
-        except NoHealthyBackend:
+        replica = _book(relay, tap, tried)
+        if replica is None:
             break
-        replica = relay.booking.replica
-        tried.add(replica)
-        guard.rearm(relay.state.settings.first_byte_timeout_s)
-        counted = await _count_tokens(relay, replica, tap)  # a speculative replica sends several per event
-        if counted is not None:
-            tap.sent = counted
+        try:
+            counted = await _count_tokens(relay, replica, _text_fields(tap))
+            if counted is not None:  # a speculative replica sends several tokens per event
+                tap.sent = counted
             remaining = tap.remaining()
             if remaining is not None and remaining <= 0:
-                guard.settle()
-                await send({"type": "http.response.body", "body": tap.closing(), "more_body": False})
-                relay.tokens = tap.usage or tap.sent
-                metrics.resumes.labels("ended").inc()
-                return True
-        try:
+                break  # the limit is used up by this count, yet no engine said the answer ended: not complete
             if await _continue(relay, tap, send, remaining):
-                relay.pool, relay.reason = replica.pool, f"{relay.reason}; resumed: {replica.pool}"
-                relay.tokens = tap.usage or tap.sent
-                relay.usage = tap.usage
+                _credit(relay, replica, tap)
                 metrics.resumes.labels("ok").inc()
                 return True
         except asyncio.CancelledError:
             if not guard.absorb_cancel():
                 raise
             if guard.reason == "disconnect":
-                relay.status = 499
+                relay.status, relay.tokens = 499, tap.sent  # what reached the client, continuation included
                 return True
             if guard.reason == "shutdown":
                 break
@@ -309,17 +314,106 @@ async def resume_stream(relay: _Relay, send: Send) -> bool:
             if connect:
                 replica.set_healthy(False)  # as before a first byte: skipped until its health check passes
             replica.breaker.failure()
+        if tap.ended():  # the continuation's answer ended before it was cut
+            _credit(relay, replica, tap)
+    if tap.ended():  # an engine said the answer ended: the cut took only what follows
+        await _end(relay, tap, send, tried)
+        return True
+    relay.tokens = tap.usage or tap.sent  # what reached the client, continuations included
     metrics.resumes.labels("failed").inc()
     return False
 
 
-async def _count_tokens(relay: _Relay, replica: Replica, tap: StreamTap) -> int | None:
-    """How many tokens the text relayed so far is, by the replica's own tokenizer (vLLM's ``/tokenize``,
-    the same model on both pools); None when it cannot say (then content events count one token each)."""
-    text = "".join(tap.parts)
-    if not text:
+def _book(relay: _Relay, tap: StreamTap, tried: set[Replica]) -> Replica | None:
+    """Move the request's booking to a replica not tried yet (None: there is none); arms the deadline."""
+    assert relay.booking is not None and relay._guard is not None
+    relay.resumed = True
+    relay.booking.release()
+    remaining = tap.remaining()
+    tokens = relay.features.prompt_tokens + (relay.features.max_tokens if remaining is None else max(remaining, 0))
+    try:
+        relay.booking = relay.state.pools.acquire_retry(relay.pool, tokens, frozenset(tried), relay.allowed)
+    except NoHealthyBackend:
         return None
-    body = orjson.dumps({"model": tap.payload.get("model"), "prompt": text, "add_special_tokens": False})
+    tried.add(relay.booking.replica)
+    relay._guard.rearm(relay.state.settings.first_byte_timeout_s)
+    return relay.booking.replica
+
+
+def _credit(relay: _Relay, replica: Replica, tap: StreamTap) -> None:
+    """The answer was finished by ``replica``: the request's pool, reason and tokens say so."""
+    relay.pool, relay.reason = replica.pool, f"{relay.reason}; resumed: {replica.pool}"
+    relay.tokens = tap.usage or tap.sent
+    relay.usage = tap.usage
+
+
+async def _end(relay: _Relay, tap: StreamTap, send: Send, tried: set[Replica]) -> None:
+    """End a stream whose answer an engine said was complete (its finish_reason relayed) with what the cut
+    took: the usage event the client asked for, and ``data: [DONE]``."""
+    prompt = completion = None
+    if tap.owes_usage():
+        counted = await _usage(relay, tap, tried)
+        if counted is None:
+            return  # the client went away meanwhile
+        prompt, completion = counted
+    assert relay._guard is not None
+    relay._guard.settle()
+    await send({"type": "http.response.body", "body": tap.ending(prompt, completion), "more_body": False})
+    relay.tokens = tap.usage or tap.sent
+    relay.state.metrics.resumes.labels("ended").inc()
+
+
+async def _usage(relay: _Relay, tap: StreamTap, tried: set[Replica]) -> tuple[int, int] | None:
+    """Prompt and completion tokens of an answer whose usage event was cut, as another replica's ``/tokenize``
+    counts the request's messages (its chat template applied) and the relayed text; where it cannot say, the
+    gateway's prompt estimate and the tokens counted while relaying. None: the client went away."""
+    prompt, completion = relay.features.prompt_tokens, tap.sent
+    guard = relay._guard
+    assert guard is not None
+    try:
+        booking = relay.state.pools.acquire_retry(relay.pool, 0, frozenset(tried), relay.allowed)
+    except NoHealthyBackend:
+        return prompt, completion
+    guard.rearm(relay.state.settings.first_byte_timeout_s)
+    try:
+        counted = await _count_tokens(relay, booking.replica, _text_fields(tap))
+        completion = completion if counted is None else counted
+        counted = await _count_tokens(relay, booking.replica, _chat_fields(tap.payload))
+        prompt = prompt if counted is None else counted
+    except asyncio.CancelledError:
+        if not guard.absorb_cancel():
+            raise
+        if guard.reason == "disconnect":
+            relay.status, relay.tokens = 499, completion
+            return None
+    finally:
+        booking.release()
+    return prompt, completion
+
+
+def _text_fields(tap: StreamTap) -> dict[str, Any] | None:
+    """A ``/tokenize`` body for the text relayed so far (None: nothing relayed, nothing to count)."""
+    text = "".join(tap.parts)
+    return {"model": tap.payload.get("model"), "prompt": text, "add_special_tokens": False} if text else None
+
+
+def _chat_fields(payload: dict[str, Any]) -> dict[str, Any]:
+    """A ``/tokenize`` body that renders the request's prompt as the chat endpoint does (vLLM's fields)."""
+    fields = {"model": payload.get("model"), "messages": payload.get("messages"),
+              "add_generation_prompt": payload.get("add_generation_prompt", True),
+              "continue_final_message": payload.get("continue_final_message", False)}  # fmt: skip
+    for name in ("tools", "chat_template", "chat_template_kwargs", "add_special_tokens"):
+        if name in payload:
+            fields[name] = payload[name]
+    return fields
+
+
+async def _count_tokens(relay: _Relay, replica: Replica, fields: dict[str, Any] | None) -> int | None:
+    """How many tokens a text (``prompt``) or chat (``messages``) is, by the replica's own tokenizer (vLLM's
+    ``/tokenize``, the same model on both pools); None when it cannot say (or ``fields`` is None)."""
+    if fields is None:
+        return None
+    body = orjson.dumps(fields)
     headers = {"content-type": "application/json", **relay.state.upstream_auth.get(replica.pool, {})}
     try:
         response = await relay.state.upstream.send(replica.url + "/tokenize", body, headers, "POST")

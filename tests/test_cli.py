@@ -111,3 +111,13 @@ def test_every_command_has_help() -> None:
         with pytest.raises(SystemExit) as info:
             parser.parse_args([command, "--help"])
         assert info.value.code == 0
+
+
+def test_serve_help_names_the_default_rules_file(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "default: the shipped gateway/rules.yaml, the adaptive policy" in out
+    assert "reference rules)" not in out  # the reference rules are not the default
+    assert default_rules().uses_fastest  # and the default really is the adaptive policy

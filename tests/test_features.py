@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import random
 import re
 from typing import Any
 
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.features import Classifier, compile_cue_pattern, estimate_tokens, extract_features
+from gateway.features import Classifier, compile_cue_pattern, estimate_tokens, extract_features, has_copy_cue
 from gateway.rules import default_rules
 
 RULES = default_rules()
@@ -80,9 +81,11 @@ def features(body: dict[str, Any], kind: str = "chat") -> Any:
 
 @pytest.mark.parametrize(
     ("extra", "expected"),
-    [({}, 256), ({"max_tokens": 40}, 40), ({"max_completion_tokens": 30, "max_tokens": 99}, 30)],
-)
+    [({}, 256), ({"max_tokens": 40}, 40), ({"max_completion_tokens": 30, "max_tokens": 99}, 99),
+     ({"max_completion_tokens": 99, "max_tokens": 30}, 99)],
+)  # fmt: skip
 def test_max_tokens(extra: dict[str, Any], expected: int) -> None:
+    """Both names at once: the larger counts (what a key is charged and capped by; gateway/bounds.py)."""
     assert features(chat("hi", **extra)).max_tokens == expected
 
 
@@ -168,3 +171,39 @@ def test_temperature_past_a_double_is_an_invalid_request(value: int) -> None:
     """Found by tests/fuzz: float() of such an integer raised OverflowError (a 500), not a 400."""
     with pytest.raises(InvalidRequest, match="temperature"):
         features(chat("hi", temperature=value))
+
+
+COPY_CUES = [
+    # (text, whether it carries a copy cue)
+    ("Fix this:\n```py\nx = 1\n```", True),
+    ('Rewrite "' + "a" * 120 + '" politely', True),
+    ('Rewrite "' + "a" * 119 + '" politely', False),
+    ('"' + "a" * 60 + "\n" + "a" * 60 + '"', False),  # a straight-quoted passage stays on one line
+    ("“" + "a" * 120 + "”", True),
+    ("“" + "a" * 119 + "”", False),
+    ("“" + "a" * 60 + "\n“" + "a" * 60 + "”", True),  # curly quotes span lines, and openers inside count
+    ("“a” “" + "a" * 118 + "” “", False),
+    ("「" + "字" * 60 + "」", True),
+    ("「" + "字" * 59 + "」", False),
+    ("「」" * 40 + "「" + "字" * 30 + "「" + "字" * 30 + "」", True),
+    ("Reply to:\n>" + "a" * 60, True),
+    ("Reply to:\n>" + "a" * 59 + "\n> b", False),
+    ("x" * 7990 + "“" + "a" * 200 + "”", False),  # only the first 8,000 characters are read
+    ("“" * 7000 + "”", True),
+    ("“" * 8000, False),
+]
+
+
+@pytest.mark.parametrize(("text", "copy"), COPY_CUES, ids=[repr(t[:16]) for t, _ in COPY_CUES])
+def test_copy_cue(text: str, copy: bool) -> None:
+    assert has_copy_cue(text) is copy
+
+
+def test_copy_cue_means_what_the_backtracking_pattern_meant() -> None:
+    """The linear scan finds a long quoted passage exactly where the former (quadratic) pattern did."""
+    former = re.compile(r'"[^"\n]{120,}"|“[^”]{120,}”|「[^」]{60,}」|\n>[^\n]{60,}')
+    pieces = ['"', "“", "”", "「", "」", "\n", ">", "`", "a", "b" * 10, "c" * 30, "d" * 59, "e" * 119]
+    rng = random.Random(27)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 30)))
+        assert has_copy_cue(text) is ("```" in text or former.search(text) is not None), repr(text)

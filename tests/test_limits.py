@@ -260,6 +260,9 @@ def test_tokens_are_corrected_when_usage_arrives(gateway: StartGateway) -> None:
         assert client.post("/v1/chat/completions", json=chat(max_tokens=1500)).status_code == 200  # 1490 back
         stream = chat(max_tokens=1500, stream=True, stream_options={"include_usage": True})
         assert client.post("/v1/chat/completions", json=stream).status_code == 200
+    # Each charge is settled just after the response's last byte went out: the client may read it first (a later
+    # request cannot: the gateway's event loop settles a request before it reads anything else).
+    gw.settled(3)
     spent = bucket.limit - bucket.level  # refill over the test's few seconds only makes this smaller
     assert 0 < spent <= 3 * (10 + 20)  # three requests: ~8 prompt tokens + 10 completion tokens each
 

@@ -20,8 +20,8 @@ from tests.conftest import Gateway, Upstreams, wait_for
 
 SECRET = "the prompt text must never reach a log line"
 CHAT: dict[str, Any] = {"model": "fake-model", "messages": [{"role": "user", "content": SECRET}], "max_tokens": 5}
-REQUEST_FIELDS = {"request_id", "path", "model", "pool", "reason", "task", "status", "ttft_s", "total_s", "tokens",
-                  "retried"}  # fmt: skip
+REQUEST_FIELDS = {"request_id", "upstream_id", "path", "model", "pool", "reason", "task", "status", "ttft_s",
+                  "total_s", "tokens", "retried"}  # fmt: skip
 
 
 def _header(headers: dict[str, str], name: str) -> str | None:
@@ -34,12 +34,17 @@ def request_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
     return [orjson.loads(formatter.format(r)) for r in records]
 
 
-def test_request_ids_are_unique_and_short() -> None:
+def test_request_ids_are_unique_short_and_unguessable() -> None:
     ids = RequestIds()
     made = [ids.make() for _ in range(10_000)]
     assert len(set(made)) == len(made)
-    assert all(len(i) <= 24 and i.isascii() for i in made)
-    assert made[0].split("-")[0] != RequestIds().make().split("-")[0]  # a random prefix per process/instance
+    assert all(len(i) == 16 and int(i, 16) >= 0 for i in made)
+    # No part is shared or counted: over 2,000 ids every one of the 16 hex digits takes each of its 16 values
+    # (a random digit misses one with probability about 16 * (15/16)**2000, 1e-55). A prefix and a counter,
+    # which let one client guess the ids of the requests before and after its own, fail at the first digit.
+    for position in range(16):
+        assert len({i[position] for i in made[:2000]}) == 16, position
+    assert not set(made) & {RequestIds().make() for _ in range(1000)}  # another instance: other ids
 
 
 def test_a_request_id_is_made_returned_and_forwarded(gateway: Callable[..., Gateway], upstreams: Upstreams) -> None:
@@ -61,7 +66,38 @@ def test_the_clients_request_id_is_kept(gateway: Callable[..., Gateway], upstrea
     assert r.status_code == 200
     assert r.headers.get_list("x-request-id") == ["client-id-42"]  # once, even if the upstream echoes it
     pool = upstreams.standard if r.headers["x-specgate-pool"] == "standard" else upstreams.speculative
-    assert _header(pool.last_headers, "x-request-id") == "client-id-42"
+    assert _header(pool.last_headers, "x-request-id") not in (None, "client-id-42")  # the gateway's own upstream
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"], ids=["routed", "passthrough"])
+def test_the_pool_gets_a_unique_id_whatever_the_client_sends(
+    gateway: Callable[..., Gateway], upstreams: Upstreams, caplog: pytest.LogCaptureFixture, path: str
+) -> None:
+    """vLLM takes the forwarded x-request-id as its request id, which must be unique among the requests it runs:
+    two requests with the same client id (two clients, or one client's retries) reach it with two ids. The
+    client's id stays in the response and the log line, which names the id the pool got."""
+    gw = gateway(log_format="json")
+    body = CHAT if path != "/tokenize" else {"model": "fake-model", "prompt": SECRET}
+    sent = []
+    with caplog.at_level(logging.INFO, logger=REQUEST_LOGGER):
+        for _ in range(2):
+            r = httpx.post(f"{gw.url}{path}", json=body, headers={"x-request-id": "same-id"})
+            assert r.status_code == 200 and r.headers.get_list("x-request-id") == ["same-id"]
+            pool = upstreams.standard if r.headers["x-specgate-pool"] == "standard" else upstreams.speculative
+            sent.append(r.json()["request_id"] if path == "/tokenize" else _header(pool.last_headers, "x-request-id"))
+        wait_for(lambda: len(request_lines(caplog)) == 2, what="two request lines")
+    assert len(set(sent)) == 2 and "same-id" not in sent and None not in sent
+    lines = request_lines(caplog)
+    assert [line["request_id"] for line in lines] == ["same-id", "same-id"]
+    assert [line["upstream_id"] for line in lines] == sent
+
+
+def test_a_made_id_is_the_one_the_pool_gets(gateway: Callable[..., Gateway], upstreams: Upstreams) -> None:
+    gw = gateway()
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, headers={"x-request-id": ""})  # empty: none given
+    made = r.headers["x-request-id"]
+    pool = upstreams.standard if r.headers["x-specgate-pool"] == "standard" else upstreams.speculative
+    assert len(made) == 16 and _header(pool.last_headers, "x-request-id") == made
 
 
 def test_a_rejected_request_has_an_id_too(gateway: Callable[..., Gateway]) -> None:

@@ -8,18 +8,22 @@ client's text and usage equal those of the uncut stream.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from aiohttp import web
 
+from gateway.bench.fake_upstream import FakeUpstream
 from gateway.errors import RulesError
+from gateway.features import extract_features
 from gateway.logs import REQUEST_LOGGER
 from gateway.resume import StreamTap, eligible
 from gateway.rules import load_rules, reference_rules_path
+from gateway.servers import ThreadServer
 from tests.conftest import Gateway, Upstreams, dead_url, wait_for
 from tests.sse import events, parsed, text
 
@@ -132,18 +136,74 @@ def test_a_failed_continuation_ends_with_the_error_event(
     wait_for(lambda: gw.sample("specgate_stream_resumes_total", outcome="failed") == 1, what="resume counted")
 
 
-def test_nothing_left_to_generate_ends_the_stream_cleanly(
+@pytest.mark.parametrize("per_word", [None, 3], ids=["by-events", "by-tokenizer"])
+def test_a_limit_used_up_without_a_finish_reason_is_not_presented_as_complete(
+    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path], per_word: int | None
+) -> None:
+    """Counted as past max_tokens (4 events of 4 allowed; or 5 words of 3 tokens each by the tokenizer, of 12),
+    but no engine said the answer ended: it was cut, so the client sees the error event, not a finished answer."""
+    upstreams.speculative.tokens_per_word = per_word
+    gw = gateway(rules_file=resume_rules())
+    raw = stream(gw, {"x-fake-chunks": "10", "x-fake-cut-after": "4"}, body(max_tokens=4)) if per_word is None else (
+        stream(gw, CUT))  # fmt: skip
+    events = parsed(raw)
+    assert events[-1]["error"]["type"] == "upstream_error" and b"[DONE]" not in b"".join(raw)
+    assert not any(c.get("finish_reason") for e in events for c in e.get("choices", []))
+    assert not any(e.get("usage") for e in events)
+    assert upstreams.speculative.continuations == 0 and upstreams.standard.cuts == 1
+    wait_for(lambda: gw.sample("specgate_stream_resumes_total", outcome="failed") == 1, what="resume counted")
+
+
+class CountingUpstream(FakeUpstream):
+    """A fake whose /tokenize counts as its streams do: one token per word of a text, and a chat's prompt
+    as its usage reports it (8 tokens)."""
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        payload = await request.json()
+        count = 8 if "messages" in payload else len(str(payload.get("prompt", "")).split())
+        return web.json_response({"count": count, "max_model_len": 2048})
+
+
+@pytest.fixture
+def counting() -> Iterator[Upstreams]:
+    std, spec = CountingUpstream(name="standard"), CountingUpstream(name="speculative")
+    with ThreadServer(std.app()) as s1, ThreadServer(spec.app()) as s2:
+        yield Upstreams(std, spec, s1.url, s2.url)
+
+
+def test_an_answer_cut_after_its_finish_reason_ends_with_its_usage_and_done(
+    gateway: StartGateway, counting: Upstreams, resume_rules: Callable[..., Path]
+) -> None:
+    """The engine said the answer ended; the cut took the usage event and [DONE]: the client gets both, the
+    usage as the uncut stream's (the prompt and the relayed text counted by another replica's /tokenize)."""
+    gw = gateway(rules_file=resume_rules(), standard_urls=[counting.standard_url],
+                 speculative_urls=[counting.speculative_url])  # fmt: skip
+    for payload in (body(max_tokens=4), body(max_tokens=4, stream_options=None)):  # usage asked, not asked
+        uncut = parsed(stream(gw, {"x-fake-chunks": "4"}, payload))
+        raw = stream(gw, {"x-fake-chunks": "4", "x-fake-cut-after": "4"}, payload)
+        events = parsed(raw)
+        assert raw[-1] == b"data: [DONE]" and not any("error" in e for e in events)
+        assert text(events) == text(uncut) == "t0 t1 t2 t3 "
+        assert [e.get("usage") for e in events] == [e.get("usage") for e in uncut]
+        assert [c["finish_reason"] for e in events for c in e["choices"]] == [None, None, None, "length"]
+    assert "usage" not in events[-1] and events[-1]["choices"][0]["finish_reason"] == "length"  # not asked
+    usage_event = parsed(stream(gw, {"x-fake-chunks": "4", "x-fake-cut-after": "4"}, body(max_tokens=4)))[-1]
+    assert usage_event["usage"] == {"prompt_tokens": 8, "completion_tokens": 4, "total_tokens": 12}
+    assert (usage_event["id"], usage_event["choices"]) == ("cmpl-fake", [])
+    assert counting.standard.cuts == 3 and counting.speculative.continuations == 0
+    wait_for(lambda: gw.sample("specgate_stream_resumes_total", outcome="ended") == 3, what="resume counted")
+
+
+def test_usage_owed_where_no_replica_can_count_is_estimated(
     gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path]
 ) -> None:
+    """No /tokenize (the fake echoes): the prompt is the gateway's estimate, the completion the events relayed."""
     gw = gateway(rules_file=resume_rules())
-    raw = stream(gw, {"x-fake-chunks": "10", "x-fake-cut-after": "4"}, body(max_tokens=4))  # 4 sent, 0 left
-    events = parsed(raw)
-    assert raw[-1] == b"data: [DONE]" and text(events) == "t0 t1 t2 t3 "
-    assert events[-1]["choices"][0]["finish_reason"] == "length" and events[-1]["id"] == "cmpl-fake"
-    finished = parsed(stream(gw, {"x-fake-chunks": "4", "x-fake-cut-after": "4"}, body(max_tokens=4)))
-    assert text(finished) == "t0 t1 t2 t3 " and finished[-1]["choices"][0]["finish_reason"] == "length"
-    assert upstreams.speculative.continuations == 0 and upstreams.standard.cuts == 2
-    wait_for(lambda: gw.sample("specgate_stream_resumes_total", outcome="ended") == 2, what="resume counted")
+    events = parsed(stream(gw, {"x-fake-chunks": "4", "x-fake-cut-after": "4"}, body(max_tokens=4)))
+    usage = events[-1]["usage"]
+    assert usage["completion_tokens"] == 4 and usage["total_tokens"] == usage["prompt_tokens"] + 4
+    rules = gw.app.state.ruleset
+    assert usage["prompt_tokens"] == extract_features(body(), "chat", {}, rules.rules, rules.classifier).prompt_tokens
 
 
 @pytest.mark.parametrize("attempts", [1, 2])
@@ -267,14 +327,3 @@ def test_the_tokens_already_sent_are_counted_by_the_replicas_tokenizer(
     assert sent is not None and sent["max_tokens"] == 2
     usage = next(e["usage"] for e in events if e.get("usage"))
     assert usage["completion_tokens"] == 10 + 2  # the relayed text's count plus the continuation's own
-
-
-def test_nothing_left_by_the_tokenizers_count_ends_the_stream_cleanly(
-    gateway: StartGateway, upstreams: Upstreams, resume_rules: Callable[..., Path]
-) -> None:
-    upstreams.speculative.tokens_per_word = 3  # 5 words relayed = 15 tokens, past max_tokens 12
-    gw = gateway(rules_file=resume_rules())
-    events = parsed(stream(gw, CUT))
-    assert upstreams.speculative.continuations == 0
-    assert not any("error" in e for e in events)
-    assert events[-1]["choices"][0]["finish_reason"] == "length"

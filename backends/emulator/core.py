@@ -195,7 +195,7 @@ async def full_body(job: Job) -> bytes | None:
             accepted.append(emission.accepted)
         if emission.finished:
             request = job.ticket.request
-            text = token_text(job.style, 0, request.generated)
+            text = token_text(job.style, job.parsed.continued, request.generated)
             if job.store is not None:
                 final = rio.response_object(
                     job.parsed, job.rid, job.created, text, request.finish_reason, request.generated
@@ -235,7 +235,7 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
     while emission is not None:
         if emission.drafted:
             accepted.append(emission.accepted)
-        text = token_text(job.style, produced, emission.tokens)
+        text = token_text(job.style, parsed.continued + produced, emission.tokens)
         produced += emission.tokens
         finish = ticket.request.finish_reason if emission.finished else None
         yield io.stream_chunk(parsed, job.rid, job.created, text, finish)

@@ -1,8 +1,13 @@
 """The emulator's other vLLM endpoints: ``/tokenize``, ``/detokenize``, ``/v1/embeddings``, ``/version``.
 
-Shapes are vLLM 0.32's; contents are EMULATED: a token is one UTF-8 byte (id = the byte's value), so every
-emulator agrees on ids and ``/detokenize`` inverts ``/tokenize`` on any of them; embeddings are deterministic
-pseudo-random unit vectors seeded by a hash of the text (equal texts, equal vectors), not a model's.
+Shapes are vLLM 0.32's; contents are EMULATED. The tokenizer cuts text into pieces (a word, a CJK character
+or a punctuation mark, with the whitespace before it, as the emulator counts prompts); a piece in its fixed
+vocabulary (every piece its answers are made of, :data:`text.PIECES`, and ChatML's markers) is one token, id
+256 and up; any other piece is one token per UTF-8 byte (id = the byte's value), as a byte-level BPE falls
+back to bytes. So ``/tokenize`` counts an answer's text as exactly the tokens its stream emitted, and a chat
+made of the vocabulary's words as the prompt tokens its usage reports; every emulator agrees on ids, and
+``/detokenize`` inverts ``/tokenize``. Embeddings are deterministic pseudo-random unit vectors seeded by a
+hash of the text (equal texts, equal vectors), not a model's.
 """
 
 from __future__ import annotations
@@ -21,33 +26,70 @@ from typing import Any
 import orjson
 
 from backends.emulator import openai_io as io
+from backends.emulator.text import PIECES
 from backends.workloads.loader import content_text
 
 VLLM_VERSION = "0.32.0"
 EMBEDDING_DIM = 64
-_PIECE = re.compile(r"\s*(?:[\u3400-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]|\w+|[^\w\s])")
+_WORD = r"[\u3400-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]|\w+|[^\w\s]"
+_PIECE = re.compile(rf"\s*(?:{_WORD})")
+_TOKEN_PIECE = re.compile(rf"\s*(?:{_WORD})|\s+")  # trailing whitespace is a piece of its own
+# ChatML: <|im_start|>role\n ... <|im_end|>\n, four tokens around each message (as the prompts are counted)
+_START, _END, _NEWLINE = "<|im_start|>", "<|im_end|>", "\n"
+_ROLES = tuple(f"{role}\n" for role in ("system", "user", "assistant", "tool", "developer"))
+VOCABULARY = (_START, _END, _NEWLINE, *_ROLES, *PIECES)
+_IDS = {piece: 256 + index for index, piece in enumerate(VOCABULARY)}
 
 
 def encode(text: str) -> list[int]:
-    return list(text.encode("utf-8"))
+    """Token ids of ``text``: one per vocabulary piece, else one per UTF-8 byte."""
+    ids: list[int] = []
+    for piece in _TOKEN_PIECE.findall(text):
+        known = _IDS.get(piece)
+        if known is None:
+            ids.extend(piece.encode("utf-8"))
+        else:
+            ids.append(known)
+    return ids
+
+
+def encode_chat(messages: list[Mapping[str, Any]], add_generation_prompt: bool, continue_final: bool) -> list[int]:
+    """A chat as its template renders it: four tokens around each message's content, two opening the answer;
+    a continued final message stays open (the two that open it, then its content)."""
+    ids: list[int] = []
+    for index, message in enumerate(messages):
+        role = f"{message.get('role', '')}\n"
+        ids += [_IDS[_START], *([_IDS[role]] if role in _IDS else role.encode())]
+        ids += encode(content_text(message.get("content")))
+        if not (continue_final and index == len(messages) - 1):
+            ids += [_IDS[_END], _IDS[_NEWLINE]]
+    if add_generation_prompt and not continue_final:
+        ids += [_IDS[_START], _IDS["assistant\n"]]
+    return ids
 
 
 def decode(tokens: list[int]) -> str:
-    if any(not 0 <= t < 256 for t in tokens):
-        raise io.RequestError(400, "token id out of range: the emulator's tokens are bytes (0..255)", "tokens")
-    return bytes(tokens).decode("utf-8", "replace")
+    return b"".join(_piece_bytes(t) for t in tokens).decode("utf-8", "replace")
+
+
+def _piece_bytes(token: int) -> bytes:
+    if 0 <= token < 256:
+        return bytes((token,))
+    if 256 <= token < 256 + len(VOCABULARY):
+        return VOCABULARY[token - 256].encode("utf-8")
+    raise io.RequestError(400, f"token id out of range: the emulator's are 0..{255 + len(VOCABULARY)}", "tokens")
 
 
 def tokenize(raw: bytes, served_model: str, max_model_len: int) -> bytes:
     body = _checked(raw, served_model)
     prompt, messages = body.get("prompt"), body.get("messages")
     if isinstance(prompt, str):
-        text = prompt
+        tokens = encode(prompt)
     elif isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
-        text = "\n".join(f"{m.get('role', '')}: {content_text(m.get('content'))}" for m in messages)
+        continue_final = body.get("continue_final_message") is True
+        tokens = encode_chat(messages, body.get("add_generation_prompt", True) is not False, continue_final)
     else:
         raise io.RequestError(400, "either 'prompt' (a string) or 'messages' is required", "prompt")
-    tokens = encode(text)
     strs = [decode([t]) for t in tokens] if body.get("return_token_strs") else None
     return orjson.dumps({"count": len(tokens), "max_model_len": max_model_len, "tokens": tokens, "token_strs": strs})
 

@@ -44,6 +44,9 @@ class ParsedRequest:
     # vLLM's extension: generate exactly max_tokens, whatever the natural length (vllm bench serve's random
     # dataset sets it so that every request produces the output length it asked for).
     ignore_eos: bool = False
+    # A chat that continues its final assistant message (``continue_final_message``): the tokens that message
+    # holds. The answer goes on from there, as a model carries on from the last token of its prompt.
+    continued: int = 0
 
 
 def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) -> ParsedRequest:
@@ -52,11 +55,10 @@ def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) 
     if model != served_model:
         raise RequestError(404, f"The model `{model}` does not exist.", "model")
     if kind == CHAT:
-        messages = _messages(body)
-        key, text, prompt_tokens = prompt_key(messages), _joined(messages), count_prompt_tokens(messages)
+        key, text, prompt_tokens, continued = _chat_prompt(body)
     else:
         prompt = _prompt(body)
-        key, text, prompt_tokens = prompt_key(prompt), prompt, count_tokens(prompt) + 1
+        key, text, prompt_tokens, continued = prompt_key(prompt), prompt, count_tokens(prompt) + 1, 0
     max_tokens = _max_tokens(body)
     if prompt_tokens + (max_tokens or 1) > max_model_len:
         raise RequestError(
@@ -69,10 +71,31 @@ def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) 
     stream, include_usage = _stream_options(body)
     if body.get("n", 1) not in (1, None):
         raise RequestError(400, "the emulator serves n=1 only", "n")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise RequestError(400, "'ignore_eos' must be a boolean", "ignore_eos")
-    return ParsedRequest(kind, str(model), key, text, prompt_tokens, max_tokens, stream, include_usage, ignore_eos)
+    ignore_eos = _flag(body, "ignore_eos", False)
+    return ParsedRequest(
+        kind, str(model), key, text, prompt_tokens, max_tokens, stream, include_usage, ignore_eos, continued
+    )
+
+
+def _chat_prompt(body: Mapping[str, Any]) -> tuple[str, str, int, int]:
+    """A chat's key, text, prompt tokens and, when it continues its final message, that message's tokens."""
+    messages = _messages(body)
+    key, text, prompt_tokens = prompt_key(messages), _joined(messages), count_prompt_tokens(messages)
+    if not _flag(body, "continue_final_message", False):
+        return key, text, prompt_tokens, 0
+    if _flag(body, "add_generation_prompt", False):  # vLLM refuses both set (an absent one is not)
+        raise RequestError(400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                           "continue_final_message")  # fmt: skip
+    continued = count_tokens(content_text(messages[-1].get("content")))
+    # that message stays open: its tokens follow the 2 that open an answer, with no end-of-turn tokens
+    return key, text, count_prompt_tokens(messages[:-1]) + continued, continued
+
+
+def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if not isinstance(value, bool):
+        raise RequestError(400, f"'{name}' must be a boolean", name)
+    return value
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

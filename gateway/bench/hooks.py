@@ -35,7 +35,8 @@ def finished_request() -> Any:
     """What the relay exposes when a request ends (the fields the hooks read)."""
     features = SimpleNamespace(task="translation", model="fake-model", prompt_tokens=12, max_tokens=64)
     return SimpleNamespace(
-        request_id="4f1c2a9e0b7d-1", path="/v1/chat/completions", pool="speculative", status=200, ttft=0.01,
+        request_id="4f1c2a9e0b7d-1", upstream_id="9a3e55d0c1b2f7e4", path="/v1/chat/completions", pool="speculative",
+        status=200, ttft=0.01,
         reason="rule draft-friendly-task", tokens=64, retried=False, started=time.perf_counter(), features=features,
         decision=SimpleNamespace(rule="draft-friendly-task"), forward_headers={"content-type": "application/json"},
     )  # fmt: skip

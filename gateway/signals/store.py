@@ -1,5 +1,5 @@
 """State that several gateway replicas share: request counts (QPS), estimates, rate-limit buckets, and plain
-values with a TTL (which replica holds a Responses API id).
+values with a TTL (which replica, for which key, holds a Responses API id; set only if absent).
 
 One small interface, :class:`SharedState`, two implementations: :class:`MemorySharedState` (one replica, no
 Redis) and :class:`RedisSharedState` (``redis.asyncio``, short timeouts, no client-side retries). Nothing
@@ -77,6 +77,10 @@ class SharedState(Protocol):
     async def take_tokens(self, bucket: str, rate: float, burst: float, now: float, cost: float = 1.0) -> bool: ...
 
     async def put_value(self, key: str, value: str, ttl_s: float) -> None: ...
+
+    async def put_value_if_absent(self, key: str, value: str, ttl_s: float) -> bool:
+        """Set ``key`` only when it holds no (live) value; True when this call set it."""
+        ...
 
     async def get_value(self, key: str) -> str | None: ...
 
@@ -180,6 +184,12 @@ class MemorySharedState:
         if len(self._values) >= _MEMORY_VALUES_LIMIT:
             self._values = {k: v for k, v in self._values.items() if v[1] > now}
         self._values[key] = (value, now + ttl_s)
+
+    async def put_value_if_absent(self, key: str, value: str, ttl_s: float) -> bool:
+        if await self.get_value(key) is not None:
+            return False
+        await self.put_value(key, value, ttl_s)
+        return True
 
     async def get_value(self, key: str) -> str | None:
         entry = self._values.get(key)
@@ -305,6 +315,10 @@ class RedisSharedState:
     async def put_value(self, key: str, value: str, ttl_s: float) -> None:
         call = self._client.set(f"{self._prefix}val:{key}", value, px=max(1, math.ceil(ttl_s * 1000)))
         await self._guard("put_value", call)
+
+    async def put_value_if_absent(self, key: str, value: str, ttl_s: float) -> bool:
+        call = self._client.set(f"{self._prefix}val:{key}", value, px=max(1, math.ceil(ttl_s * 1000)), nx=True)
+        return bool(await self._guard("put_value_if_absent", call))
 
     async def get_value(self, key: str) -> str | None:
         value = await self._guard("get_value", self._client.get(f"{self._prefix}val:{key}"))

@@ -1,4 +1,5 @@
-"""Real processes for the fault tests: fake replicas and ``specgate serve``, plus an asyncio load driver.
+"""Real processes for the fault tests: fake or emulated replicas and ``specgate serve``, plus an asyncio load
+driver.
 
 Every process listens on 127.0.0.1 and is stopped (SIGCONT first, then SIGTERM, then SIGKILL) when the
 test ends, whatever happened.
@@ -68,6 +69,16 @@ def fake_replica(workdir: Path, name: str, port: int | None = None) -> Proc:
     return proc
 
 
+def emulator_replica(workdir: Path, name: str, speculative: bool, speed: float, port: int | None = None) -> Proc:
+    """``specgate emulate`` (EMULATED vLLM) serving ``MODEL``, ``speed`` times faster than its profile."""
+    port = port or free_port()
+    argv = [sys.executable, "-m", "gateway.cli", "emulate", "--speculative" if speculative else "--standard"]
+    argv += ["--port", str(port), "--speed", str(speed), "--served-model-name", MODEL]
+    proc = Proc(argv=argv, port=port, log=workdir / f"emulator-{name}.log", ready_timeout_s=30.0)
+    proc.env = _env()
+    return proc
+
+
 def gateway_proc(workdir: Path, standard: list[str], speculative: list[str], **settings: Any) -> Proc:
     port = free_port()
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port)]
@@ -111,11 +122,12 @@ def wait_ready(gateway: Proc, timeout_s: float = 30.0) -> None:
     wait_until(all_up, timeout_s, "the gateway with every replica healthy", interval_s=0.2)
 
 
-def metric(gateway: Proc, name: str) -> float:
-    """Sum of every sample of ``name`` on the gateway's /metrics."""
+def metric(gateway: Proc, name: str, **labels: str) -> float:
+    """Sum of every sample of ``name`` (with these ``labels``) on the gateway's /metrics."""
     total = 0.0
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
     for line in httpx.get(f"{gateway.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if (line.startswith(name + "{") or line.startswith(name + " ")) and all(w in line for w in wanted):
             total += float(line.rsplit(" ", 1)[1])
     return total
 

@@ -30,6 +30,13 @@ async def test_sync_limits_debits_refills_and_returns_the_others_inflight(store:
     assert levels == [-57.0]  # given back
 
 
+def synced_twice(gw: Gateway) -> None:
+    """Two more syncs with Redis: one under way when the last request was admitted may have read before it."""
+    limiter = gw.app.state.access.limiter
+    target = limiter.syncs + 2
+    wait_for(lambda: limiter.syncs >= target, what="two syncs with Redis")
+
+
 @pytest.mark.redis
 def test_two_gateways_share_a_key_limit_through_redis(gateway: StartGateway, shared_redis: RedisServer) -> None:
     keys = f"keys: [{{name: shared-{time.monotonic_ns()}, key: sk-shared, rpm: 6}}]"  # a fresh Redis bucket
@@ -38,7 +45,9 @@ def test_two_gateways_share_a_key_limit_through_redis(gateway: StartGateway, sha
     for i in range(12):
         with httpx.Client(base_url=gws[i % 2].url, headers={"x-api-key": "sk-shared"}) as client:
             statuses.append(client.post("/v1/chat/completions", json=CHAT).status_code)
-        time.sleep(0.15)  # > a sync interval: each gateway has seen the other's spending
+        synced_twice(gws[i % 2])  # its spending is in Redis
+        if i > 0:  # and the other has taken it (a key a replica has not used yet is not synced there)
+            synced_twice(gws[(i + 1) % 2])
     assert statuses.count(200) in (6, 7), statuses  # 6 per minute for both together (+ the refill: 0.1/s)
     assert set(statuses) == {200, 429}
     assert all(gw.app.state.access.limiter.store_up for gw in gws)

@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -85,6 +85,8 @@ class SpecgateApp:
                 return
         await self.api(scope, receive, send)
 
+
+_UNSHOWN = frozenset({"headers", "content", "known"})  # explain shows the features but these (no text, no secrets)
 
 def create_app(
     settings: Settings | None = None, registry: CollectorRegistry | None = None, *, rng: random.Random | None = None
@@ -194,7 +196,7 @@ def create_app(
             },
             "predictions": [prediction_view(p, objective) for p in predictions(features, snapshot, rules)],
             "model": {"warm": is_warm(snapshot, rules.adaptive), "observations": state.learner.observations},
-            "features": {**asdict(features), "headers": None},
+            "features": {f.name: getattr(features, f.name) for f in fields(features) if f.name not in _UNSHOWN},
             "snapshot": {
                 "qps": snapshot.qps,
                 "qps_source": snapshot.qps_source,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.adaptive.content import Content, ContentReader
 from gateway.bounds import length_bound, prompt_count, sequences
 from gateway.errors import InvalidRequest
 from gateway.rules import RoutingRules
@@ -43,6 +44,7 @@ class RequestFeatures:
     # (acceptance rate, output tokens) known in advance: set only by the simulator's perfect-predictor
     # reference (backends/emulator), never from a request; the model then predicts from these, not estimates
     known: tuple[float, int] | None = None
+    content: Content | None = None  # what the request's text says, for the per-request predictor (adaptive)
 
     @property
     def sequences(self) -> int:
@@ -58,7 +60,7 @@ class Classifier:
     ``_CACHE_LIMIT`` entries); user prompts are not.
     """
 
-    def __init__(self, rules: RoutingRules) -> None:
+    def __init__(self, rules: RoutingRules, *, read_content: bool | None = None) -> None:
         self._default = rules.defaults.task
         self._chars = rules.defaults.classify_chars
         self._tasks = [
@@ -66,6 +68,11 @@ class Classifier:
             for name, cues in rules.tasks.items()
         ]
         self._system_cache: dict[str, tuple[str | None, str]] = {}  # key -> (its task or None, template id)
+        # content features for the learned model (a bounded cache of their own): read where the rules route by the
+        # model (``fastest``), or where ``read_content`` says so (the simulator: one set of features for every policy)
+        if read_content is None:
+            read_content = rules.uses_fastest
+        self.content = ContentReader() if read_content else None
 
     def classify(self, system: str | None, user: str | None) -> str:
         return self.classify_with_template(system, user)[0]
@@ -153,22 +160,31 @@ def request_features(
     task, stream, n (where the endpoint has it), temperature, the request's draw, the copy cue and the
     routing headers (objective, SLOs), validated in that order."""
     task, template = classifier.classify_with_template(system, user)
+    stream = _optional(body, "stream", bool, False)
+    n = sequences(body) if has_n else 1  # n, or vLLM's best_of when larger
+    temperature = _temperature(body)
+    copy = has_copy_cue(user)
+    reader = classifier.content
+    content = None
+    if reader is not None:
+        content = reader.read(system, user, task, copy, prompt_tokens, max_tokens, n, temperature, n * prompts)
     return RequestFeatures(
         model=model,
         max_tokens=max_tokens,
         prompt_tokens=prompt_tokens,
         task=task,
-        stream=_optional(body, "stream", bool, False),
-        n=sequences(body) if has_n else 1,  # n, or vLLM's best_of when larger
-        temperature=_temperature(body),
+        stream=stream,
+        n=n,
+        temperature=temperature,
         headers=headers,
         draw=random.random() if draw is None else draw,
-        copy=has_copy_cue(user),
+        copy=copy,
         template=template,
         objective=_objective(headers),
         slo_ttft_ms=_slo(headers, "x-specgate-slo-ttft-ms"),
         slo_e2e_ms=_slo(headers, "x-specgate-slo-e2e-ms"),
         prompts=prompts,
+        content=content,
     )
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
+from gateway.adaptive.content import content_of
 from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.adaptive.policy import is_warm
@@ -190,7 +191,7 @@ class GatewayState:
         run_load = None if run_shift is None else max(decision.load + self.snapshot.gateways * run_shift, 0.0)
         self._pending.append(Observation(
             decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
-            at_s=time.monotonic(), run_load=run_load, template=features.template,
+            at_s=time.monotonic(), run_load=run_load, template=features.template, content=content_of(features),
         ))  # fmt: skip
         predicted = decision.predicted
         if predicted is not None:

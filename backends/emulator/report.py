@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from backends.emulator.simulate import POLICIES, RequestResult
+from backends.emulator.simulate import (
+    ADAPTIVE,
+    ADAPTIVE_WARM,
+    ALWAYS_SPECULATIVE,
+    ALWAYS_STANDARD,
+    MYOPIC,
+    PERFECT,
+    POLICIES,
+    RULES,
+    RequestResult,
+)
 
 if TYPE_CHECKING:
-    from backends.emulator.evaluate import Level, ScenarioRun, Target
+    from backends.emulator.evaluate import Level, ScenarioRun
+    from backends.emulator.targets import Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,86 +82,167 @@ def summarise(results: Sequence[RequestResult]) -> Summary:
     )
 
 
-def levels_table(profile: str, capacity: float, levels: Sequence[Level]) -> Table:
-    """One row per load level: each policy's mean (p95) latency, and the adaptive policy against the bounds
-    (in steady state when the levels ran ``adaptive-warm``, else from its cold start)."""
-    title = f"EMULATED simulation, profile {profile}: mean (p95) latency in s; one pool ~{capacity:.1f} QPS"
-    table = Table(title=title)
-    policies = [p for p in POLICIES if p in levels[0].summaries]
-    ours = "adaptive-warm" if "adaptive-warm" in policies else "adaptive"
-    bounds = [b for b in ("best fixed", "clairvoyant", "informed") if b == "best fixed" or b in policies]
-    for column in ("load", "QPS", *policies, *(f"{ours} / {b}" for b in bounds), f"{ours} to spec (sd/s)", "explored"):
+# Short, distinct column names (an 80-column terminal shows a level table whole); the captions spell them out.
+SHORT = {
+    ALWAYS_STANDARD: "std", ALWAYS_SPECULATIVE: "spec", RULES: "rules", ADAPTIVE: "cold", ADAPTIVE_WARM: "warm",
+    PERFECT: "perfect", MYOPIC: "myopic",
+}  # fmt: skip
+LEGEND = (
+    "std, spec: always-standard, always-speculative; cold, warm: adaptive from a cold start, in steady state; "
+    "perfect: perfect-predictor (the bound); myopic: knows each request's truth, blind to the delay it adds"
+)
+
+
+def _seeds(runs: Sequence[Sequence[Level]] | Sequence[Sequence[ScenarioRun]]) -> str:
+    return f"{len(runs)} seed{'s' if len(runs) != 1 else ''}"
+
+
+def _mean_of(summaries: Iterable[Summary], stat: str) -> float:
+    return statistics.fmean(float(getattr(summary, stat)) for summary in summaries)
+
+
+def _seconds(value: float) -> str:
+    """At most five characters: 0.47, 12.4, 127."""
+    return f"{value:.2f}" if value < 9.995 else f"{value:.1f}" if value < 99.95 else f"{value:.0f}"
+
+
+def levels_table(profile: str, capacity: float, runs: Sequence[Sequence[Level]]) -> Table:
+    """One row per load level: each policy's mean latency, averaged over the seeds."""
+    title = f"EMULATED {profile}: mean latency (s), mean of {_seeds(runs)}; one pool ~{capacity:.1f} QPS"
+    table = Table(title=title, caption=LEGEND)
+    policies = [p for p in POLICIES if p in runs[0][0].summaries]
+    for column in ("load", "QPS", *(SHORT[p] for p in policies)):
         table.add_column(column, justify="right")
-    for level in levels:
-        s = level.summaries
-        cells = [f"{s[p].mean_s:.2f} ({s[p].p95_s:.1f})" for p in policies]
-        adaptive = s.get(ours)
-        values = {"best fixed": min(s["always-standard"].mean_s, s["always-speculative"].mean_s)}
-        values.update({b: s[b].mean_s for b in bounds if b in s})
+    for index, level in enumerate(runs[0]):
+        at = [levels[index] for levels in runs]
+        cells = [_seconds(_mean_of((lv.summaries[p] for lv in at), "mean_s")) for p in policies]
+        table.add_row(f"{level.share:.0%}", f"{level.qps:.1f}", *cells)
+    return table
+
+
+def ratios_table(profile: str, runs: Sequence[Sequence[Level]]) -> Table:
+    """One row per level: the cold start against the references (mean of the seeds' ratios), the steady state
+    against the bound, and the cold start's split (share to the speculative pool and its per-second spread)."""
+    table = Table(
+        title=f"EMULATED {profile}: adaptive against the references, mean of {_seeds(runs)}",
+        caption="x/best: against the better fixed pool (mean, p95); /perf: perfect-predictor; to spec: the cold "
+        "start's share to the speculative pool (its sd from second to second, in points); expl: explored",
+    )  # fmt: skip
+    has = runs[0][0].summaries
+    columns: list[tuple[str, Callable[[Level], float]]] = [
+        ("cold\n/best", lambda lv: lv.vs_best(ADAPTIVE)), ("p95\n/best", lambda lv: lv.vs_best(ADAPTIVE, "p95_s")),
+    ]  # fmt: skip
+    if PERFECT in has:
+        columns += [("cold\n/perf", lambda lv: lv.over(ADAPTIVE, PERFECT)),
+                    ("warm\n/perf", lambda lv: lv.over(ADAPTIVE_WARM, PERFECT))]  # fmt: skip
+    columns.append(("cold\n/rules", lambda lv: lv.over(ADAPTIVE, RULES)))
+    for column in ("load", *(name for name, _ in columns), "to spec\n(sd)", "expl"):
+        table.add_column(column, justify="right")
+    for index, level in enumerate(runs[0]):
+        at = [levels[index] for levels in runs]
+        ratios = [f"{statistics.fmean(ratio(lv) for lv in at):.3f}" for _, ratio in columns]
+        cold = [lv.summaries[ADAPTIVE] for lv in at]
+        split = f"{_mean_of(cold, 'speculative_share'):.0%} ({_mean_of(cold, 'share_spread') * 100:.0f})"
+        explored = f"{statistics.fmean(lv.explored for lv in at):.1%}"
+        table.add_row(f"{level.share:.0%}", *ratios, split, explored)
+    return table
+
+
+def scenarios_table(profile: str, runs: Sequence[Sequence[ScenarioRun]]) -> Table:
+    """Per scenario, each policy's mean latency and the requests until the cold start settled (mean of the
+    seeds / the worst seed)."""
+    first = runs[0][0]
+    table = Table(
+        title=f"EMULATED {profile} scenarios, peak {first.share:.0%} load ({first.qps:.1f} QPS), {_seeds(runs)}: "
+        "mean latency (s), cold start",
+        caption="learned, after change: requests until within 10% of steady state from the start, after the "
+        "change (mean/worst seed)",
+    )  # fmt: skip
+    policies = [p for p in POLICIES if p in first.summaries]
+    for column in ("scenario", *(SHORT[p] for p in policies), "learned", "after\nchange", "expl"):
+        table.add_column(column, justify="right")
+    for index, run in enumerate(runs[0]):
+        at = [seed[index] for seed in runs]
+        cells = [_seconds(_mean_of((r.summaries[p] for r in at), "mean_s")) for p in policies]
         table.add_row(
-            f"{level.share:.0%}", f"{level.qps:.1f}", *cells,
-            *(f"{adaptive.mean_s / values[b]:.3f}x" if adaptive else "-" for b in bounds),
-            f"{adaptive.speculative_share:.0%} ({adaptive.share_spread * 100:.0f})" if adaptive else "-",
-            f"{level.explored:.1%}",
+            run.name, *cells, _requests([r.learned_after for r in at]),
+            _requests([r.relearned_after for r in at]) if run.relearned_after is not None else "-",
+            f"{statistics.fmean(r.explored for r in at):.1%}",
         )  # fmt: skip
     return table
 
 
-def scenarios_table(profile: str, runs: Sequence[ScenarioRun]) -> Table:
-    table = Table(title=f"EMULATED scenarios, profile {profile}: mean latency in s, cold start")
-    policies = [p for p in POLICIES if runs and p in runs[0].summaries]
-    for column in ("scenario", "peak QPS", *policies, "learned after", "relearned after change", "explored"):
-        table.add_column(column, justify="right")
-    for run in runs:
-        table.add_row(
-            run.name, f"{run.qps:.1f}", *(f"{run.summaries[p].mean_s:.2f}" for p in policies),
-            f"{run.learned_after} req" if run.learned_after is not None else "never",
-            f"{run.relearned_after} req" if run.relearned_after is not None else "-",
-            f"{run.explored:.1%}",
-        )  # fmt: skip
-    return table
+def _requests(values: Sequence[int | None]) -> str:
+    """The mean and the worst of a count per seed ("never" when a seed never got there)."""
+    if None in values:
+        return f"never:{sum(v is None for v in values)}"
+    counts = [v for v in values if v is not None]
+    return f"{statistics.fmean(counts):.0f}/{max(counts)}"
 
 
 def targets_table(profile: str, targets: Sequence[Target]) -> Table:
-    table = Table(title=f"adaptive policy targets, profile {profile} (EMULATED)")
-    for column in ("target", "met", "measured"):
+    seeds = targets[0].seeds if targets else 1
+    table = Table(title=f"adaptive policy targets, profile {profile} (EMULATED, {seeds} seeds)")
+    for column in ("target", "met", "mean over seeds", "worst seed", "seeds missing"):
         table.add_column(column)
     for target in targets:
-        met = "n/a" if target.met is None else ("yes" if target.met else "NO")
-        table.add_row(target.name, met, target.detail)
+        table.add_row(target.name, _met(target.met), target.mean, target.worst, f"{target.failing}/{target.seeds}")
     return table
 
 
-def plot_evaluation(path: Path, profile: str, levels: Sequence[Level], runs: Sequence[ScenarioRun]) -> None:
-    """Mean and p95 latency against load per policy, the adaptive policy's learning curves, and its share to
-    the speculative pool second by second at a few levels (it should settle, not swing)."""
+def summary_table(targets: Mapping[str, Sequence[Target]]) -> Table:
+    """Met or not, per target and profile (judged on the mean over seeds)."""
+    table = Table(title="targets met per profile (EMULATED, mean over seeds)")
+    table.add_column("target")
+    for profile in targets:
+        table.add_column(profile, justify="center")
+    names = list(dict.fromkeys(t.name for profile_targets in targets.values() for t in profile_targets))
+    for name in names:
+        found = [{t.name: t for t in profile_targets}.get(name) for profile_targets in targets.values()]
+        table.add_row(name, *(_met(t.met) if t is not None else "-" for t in found))
+    return table
+
+
+def _met(met: bool | None) -> str:
+    return "n/a" if met is None else ("yes" if met else "NO")
+
+
+def plot_evaluation(
+    path: Path, profile: str, runs: Sequence[Sequence[Level]], scenarios: Sequence[Sequence[ScenarioRun]]
+) -> None:
+    """Mean and p95 latency against load per policy (means over the seeds), the adaptive policy's learning
+    curves, and its share to the speculative pool second by second at a few levels (the first seed's: it
+    should settle, not swing)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(1, 4, figsize=(21, 4.4))
+    levels, first_runs = runs[0], scenarios[0] if scenarios else []
     shares = [level.share * 100 for level in levels]
     for policy in POLICIES:
         if policy not in levels[0].summaries:
             continue
-        axes[0].plot(shares, [lv.summaries[policy].mean_s for lv in levels], marker="o", label=policy)
-        axes[1].plot(shares, [lv.summaries[policy].p95_s for lv in levels], marker="o", label=policy)
+        for axis, stat in zip(axes[:2], ("mean_s", "p95_s"), strict=True):
+            values = [_mean_of((seed[i].summaries[policy] for seed in runs), stat) for i in range(len(levels))]
+            axis.plot(shares, values, marker="o", label=policy)
     for axis, title in zip(axes[:2], ("mean latency", "p95 latency"), strict=True):
-        axis.set_title(f"{title} (EMULATED, {profile})")
+        axis.set_title(f"{title} (EMULATED, {profile}, {_seeds(runs)})")
         axis.set_xlabel("offered load, % of one pool's capacity")
         axis.set_ylabel("seconds")
         axis.set_yscale("log")
         axis.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
-    for run in runs:
+    for run in first_runs:
         axes[2].plot([end for end, _ in run.curve], [ratio for _, ratio in run.curve], label=run.name)
     axes[2].axhline(1.0, color="grey", linewidth=0.8)
-    axes[2].set_title("learning curve: adaptive / clairvoyant (EMULATED)")
+    axes[2].set_title("learning curve: adaptive / myopic (EMULATED)")
     axes[2].set_xlabel("requests since a cold start")
     axes[2].set_ylabel("mean latency ratio per 100 requests")
     axes[2].grid(True, alpha=0.3)
-    axes[2].legend(fontsize=8)
+    if first_runs:
+        axes[2].legend(fontsize=8)
     longest = max((len(lv.split) for lv in levels), default=0)
     shown = [lv for lv in levels if longest and len(lv.split) >= 0.8 * longest]  # enough arrivals every second
     for level in shown[:: max(1, -(-len(shown) // 4))]:  # at most four levels, spread over the range
@@ -163,7 +255,8 @@ def plot_evaluation(path: Path, profile: str, levels: Sequence[Level], runs: Seq
     axes[3].set_xlabel("virtual seconds since the start")
     axes[3].set_ylabel("share of the second's arrivals")
     axes[3].grid(True, alpha=0.3)
-    axes[3].legend(fontsize=8, title="load")
+    if shown:
+        axes[3].legend(fontsize=8, title="load")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -95,7 +95,7 @@ def _tasks_by_acceptance(workload: Workload) -> list[str]:
 def make_scenario_arrivals(workload: Workload, scenario: Scenario, seed: int, rules: RoutingRules) -> list[Arrival]:
     """Arrivals by thinning a Poisson process at the peak rate; prompts drawn by the scenario's mix."""
     rng = random.Random(f"{seed}:{scenario.name}:{scenario.peak_rate}")
-    classifier = Classifier(rules)
+    classifier = Classifier(rules, read_content=True)
     by_task: dict[str, list[WorkloadItem]] = {}
     for item in workload.items:
         by_task.setdefault(item.task, []).append(item)
@@ -135,7 +135,7 @@ def _features(item: WorkloadItem, rng: random.Random, rules: RoutingRules, class
 def make_arrivals(workload: Workload, qps: float, count: int, seed: int, rules: RoutingRules) -> list[Arrival]:
     """``count`` Poisson arrivals at ``qps``, prompts drawn uniformly from the workload."""
     rng = random.Random(f"{seed}:{qps}")
-    classifier = Classifier(rules)
+    classifier = Classifier(rules, read_content=True)
     arrivals, now = [], 0.0
     for index in range(count):
         now += rng.expovariate(qps)

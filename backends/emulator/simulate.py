@@ -7,21 +7,26 @@ one per replica. Deterministic for a seed.
 
 The decider sees only what a gateway sees: each pool's engine stats (running, waiting, KV use, acceptance)
 as of the last scrape, every ``scrape_interval_s``, plus the gateway's own in-flight requests, fresh. The
-``adaptive`` policy feeds the gateway's own :class:`~gateway.adaptive.learner.Learner` with every finished
-request (with the per-request acceptance length vLLM reports under ``--per-request-spec-decode-metrics``)
-and refreshes the model in the snapshot every ``model_interval_s``, from a cold start.
+learning policies feed the gateway's own :class:`~gateway.adaptive.learner.Learner` with every finished
+request, as the deployment's telemetry reports it (:mod:`backends.emulator.telemetry`: exact tokens or the
+gateway's count of a stream's events, the request's acceptance or none), and refresh the model in the
+snapshot every ``model_interval_s``.
 
 Policies: ``always-standard`` / ``always-speculative`` (rules with no rule, so they too go through
 ``decide()``), ``rules`` (the reference rules, ``gateway/rules-reference.yaml``), ``adaptive`` (the shipped
 rules: pins, then ``fastest``, from a cold start), ``adaptive-warm`` (the same, in steady state: its learner
 first served other arrivals at the same load, as a gateway replica that joins the others through Redis
-does), ``clairvoyant`` (knows each request's true acceptance and output length and the engines' exact
-state, and picks the replica whose estimated completion is earliest: a strong bound that, unlike
-``oracle``, may split load), ``informed`` (the clairvoyant's rule with what a gateway could know at best:
-the engines' exact state, but for the request only its segment's mean acceptance and mean output length;
-the gap between it and ``clairvoyant`` is what no policy that sees only the request can close), and
-``oracle``, a hindsight bound, not a schedulable policy: each request's better latency of its
-always-standard and its always-speculative run at the same load.
+does), ``perfect-predictor`` (the bound to judge by: the shipped decision, warm as ``adaptive-warm`` is, fed
+each request's true acceptance and output length through ``RequestFeatures.known`` and the engines' exact
+state at every decision; its distance from ``adaptive-warm`` is what prediction error costs) and ``myopic``
+(knows each request's truth and the engines' exact state, and picks the replica that finishes this request
+first, blind to the delay it adds to the others: a reference, not a bound; a policy that counts that delay
+beats it under load).
+
+``known`` carries the acceptance as the speculative engine draws it: the per-token acceptance ``a`` (the
+workload's, times the profile's ``acceptance_scale``), whose mean tokens per step is ``(1 - a^(k+1)) / (1 - a)``.
+The model reads it in ``gateway.adaptive.policy``; a model that did not would make ``perfect-predictor``
+``adaptive-warm`` with the engines' exact state.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from backends.emulator.profiles import Profile
+from backends.emulator.telemetry import FULL, Telemetry, estimated_tokens, has_usage, usage_draw
 from backends.emulator.timing import Engine, EngineRequest, StepOutcome, TimingModel, expected_tokens_per_step
 from backends.workloads.loader import WorkloadItem
 from gateway.adaptive.learner import Learner, Observation
@@ -49,10 +55,9 @@ ALWAYS_SPECULATIVE = "always-speculative"
 RULES = "rules"
 ADAPTIVE = "adaptive"
 ADAPTIVE_WARM = "adaptive-warm"
-INFORMED = "informed"
-CLAIRVOYANT = "clairvoyant"
-ORACLE = "oracle"
-POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, INFORMED, CLAIRVOYANT, ORACLE)
+PERFECT = "perfect-predictor"
+MYOPIC = "myopic"
+POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, PERFECT, MYOPIC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,7 @@ class _Progress:
     span: LoadSpan  # its time on the pool's load clock, as a gateway booking keeps it
     gateway: int = 0  # the gateway replica that routed it
     first_token_s: float | None = None
+    steps: int = 0  # engine steps that gave it tokens: a stream's events after the role event
     drafted_steps: int = 0
     drafted_tokens: int = 0
 
@@ -127,16 +133,17 @@ class Simulation:
     rules: RoutingRules
     seed: int = 0
     learner: Learner | None = None
-    clairvoyant: bool = False
-    informed: Mapping[str, tuple[float, float]] | None = None  # segment -> (mean acceptance, mean output)
+    myopic: bool = False  # route by the request's true completion time alone, not by decide()
+    perfect: bool = False  # decide() with each request's truth in ``features.known``
     replicas: int = 1
-    scrape_interval_s: float = 1.0
+    scrape_interval_s: float = 1.0  # 0: every decision reads the engines as they are
     model_interval_s: float = 0.25
     # gateway replicas in front of the pools, arrivals dealt round-robin: each sees its own requests at once
     # and the others' only through the engines' stats, a scrape late (its own scrape clock); they share one
     # learner (as Redis would, without its delay). ``gateways_known``: each knows how many there are (Redis).
     gateways: int = 1
     gateways_known: bool = True
+    telemetry: Telemetry = FULL
     _replicas: dict[str, list[_Replica]] = field(init=False)
     _qps: LocalQps = field(init=False, default_factory=LocalQps)
     _scrapes: list[_Scrape | None] = field(init=False)
@@ -218,15 +225,11 @@ class Simulation:
         gateway = arrival.index % self.gateways
         item = arrival.item
         output_tokens = min(item.output_tokens, item.max_tokens)
-        if self.clairvoyant:
-            acceptance, expected = arrival.acceptance, float(output_tokens)
-            if self.informed is not None:
-                acceptance, mean_output = self.informed[segment_of(arrival.features.task, arrival.features.copy)]
-                expected = min(mean_output, item.max_tokens)
-            replica = self._clairvoyant(item.prompt_tokens, expected, acceptance)
-            reason, load, explored = CLAIRVOYANT, 0.0, False
+        if self.myopic:
+            replica = self._myopic(item.prompt_tokens, float(output_tokens), arrival.acceptance)
+            reason, load, explored = MYOPIC, 0.0, False
         else:
-            decision = decide(arrival.features, self._snapshot(now, gateway), self.rules)
+            decision = decide(self._features(arrival, output_tokens), self._snapshot(now, gateway), self.rules)
             replica = min(self._replicas[decision.pool], key=lambda r: r.inflight)
             reason, load, explored = decision.reason, decision.load, decision.explored
         request = EngineRequest(
@@ -244,8 +247,19 @@ class Simulation:
         if replica.outcome is None:
             replica.start_step(now)
 
-    def _clairvoyant(self, prompt_tokens: int, output_tokens: float, acceptance: float) -> _Replica:
-        """The replica whose estimated completion for this request is earliest, from the exact engine state."""
+    def _features(self, arrival: Arrival, output_tokens: int) -> RequestFeatures:
+        """The request's features as ``decide()`` reads them: with its truth for ``perfect-predictor`` (the
+        acceptance the speculative engine draws from, and its output length), as extracted for the others."""
+        if not self.perfect:
+            return arrival.features
+        model = self._replicas[SPECULATIVE][0].engine.model
+        return dataclasses.replace(
+            arrival.features, known=(model.effective_acceptance(arrival.acceptance), output_tokens)
+        )
+
+    def _myopic(self, prompt_tokens: int, output_tokens: float, acceptance: float) -> _Replica:
+        """The replica whose estimated completion for this request is earliest, from the exact engine state;
+        what the request does to the others' completions is not counted."""
         best, best_s = self._all[0], math.inf
         for replica in self._all:
             engine, model = replica.engine, replica.engine.model
@@ -271,6 +285,7 @@ class Simulation:
             progress = live[emission.request]
             if progress.first_token_s is None:
                 progress.first_token_s = now
+            progress.steps += 1
             if emission.drafted:
                 progress.drafted_steps += 1
                 progress.drafted_tokens += emission.tokens
@@ -301,28 +316,32 @@ class Simulation:
             explored=progress.explored,
         )
         if self.learner is not None:
-            features = arrival.features
-            acceptance = progress.drafted_tokens / progress.drafted_steps if progress.drafted_steps else None
-            seen_ttft = result.ttft_s if features.stream else None  # a whole reply shows only its end
-            # the load it ran at, as the gateway learns it (gateway.pools.Booking.run_shift)
-            load, gateways = progress.load, self._gateways_seen
-            run_load = load if run_shift is None else max(load + gateways * run_shift, 0.0)
-            self.learner.observe(Observation(
-                result.pool, segment_of(features.task, features.copy), features.prompt_tokens, progress.load,
-                seen_ttft, result.latency_s, result.output_tokens, acceptance, finished_s, run_load,
-                features.template,
-            ))  # fmt: skip
+            self.learner.observe(self._observation(progress, result, finished_s, run_shift))
         return result
 
-
-def oracle(standard: Sequence[RequestResult], speculative: Sequence[RequestResult]) -> list[RequestResult]:
-    """Per request, the better of its two fixed-policy outcomes (a hindsight bound)."""
-    best = []
-    for on_standard, on_speculative in zip(standard, speculative, strict=True):
-        assert on_standard.index == on_speculative.index
-        winner = on_standard if on_standard.latency_s <= on_speculative.latency_s else on_speculative
-        best.append(dataclasses.replace(winner, reason="oracle"))
-    return best
+    def _observation(
+        self, progress: _Progress, result: RequestResult, finished_s: float, run_shift: float | None
+    ) -> Observation:
+        """What the gateway learns from the finished request, as the telemetry reports it."""
+        features = progress.arrival.features
+        segment = segment_of(features.task, features.copy)
+        usage = has_usage(self.telemetry, features.stream, usage_draw(self.seed, progress.arrival.index))
+        acceptance = None
+        if usage and self.telemetry.spec_metrics and progress.drafted_steps:
+            acceptance = progress.drafted_tokens / progress.drafted_steps
+        tokens = result.output_tokens
+        if not usage:  # the role event and one per step, counted by the acceptance length known so far
+            scrape = self._scrapes[progress.gateway]
+            scraped = scrape.pools[result.pool].acceptance_length if scrape is not None else None
+            tokens = estimated_tokens(progress.steps + 1, self._model, result.pool, segment, scraped)
+        seen_ttft = result.ttft_s if features.stream else None  # a whole reply shows only its end
+        # the load it ran at, as the gateway learns it (gateway.pools.Booking.run_shift)
+        load, gateways = progress.load, self._gateways_seen
+        run_load = load if run_shift is None else max(load + gateways * run_shift, 0.0)
+        return Observation(
+            result.pool, segment, features.prompt_tokens, load, seen_ttft, result.latency_s, tokens, acceptance,
+            finished_s, run_load, features.template, features.content,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,43 +361,63 @@ def run_policies(
     replicas: int = 1,
     scrape_interval_s: float = 1.0,
     gateways: int = 1,
+    telemetry: Telemetry = FULL,
     include: Sequence[str] = POLICIES,
     warm_arrivals: Sequence[Arrival] | None = None,
 ) -> dict[str, list[RequestResult]]:
-    """Every policy in ``include`` on the same arrivals, each against fresh engines (and a cold learner).
-    With ``warm_arrivals``, ``adaptive-warm`` first learns from serving them (on engines of its own)."""
-    reference = policies.reference
-    options = {"replicas": replicas, "scrape_interval_s": scrape_interval_s, "gateways": gateways}
-    sims: dict[str, Simulation] = {
-        ALWAYS_STANDARD: Simulation(profile, fixed_pool_rules(reference, STANDARD), seed, **options),  # type: ignore[arg-type]
-        ALWAYS_SPECULATIVE: Simulation(profile, fixed_pool_rules(reference, SPECULATIVE), seed, **options),  # type: ignore[arg-type]
-        RULES: Simulation(profile, reference, seed, **options),  # type: ignore[arg-type]
-        CLAIRVOYANT: Simulation(profile, reference, seed, clairvoyant=True, **options),  # type: ignore[arg-type]
-        INFORMED: Simulation(profile, reference, seed, clairvoyant=True, informed=segment_means(arrivals), **options),  # type: ignore[arg-type]
+    """Every policy in ``include`` on the same arrivals, each against fresh engines (and a cold learner);
+    the options are :func:`simulations`'."""
+    sims = simulations(
+        profile, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s, gateways=gateways,
+        telemetry=telemetry, warm_arrivals=warm_arrivals,
+    )  # fmt: skip
+    return {name: make().run(arrivals) for name, make in sims.items() if name in include}
+
+
+def simulations(
+    profile: Profile,
+    policies: PolicySet,
+    seed: int,
+    *,
+    replicas: int = 1,
+    scrape_interval_s: float = 1.0,
+    gateways: int = 1,
+    telemetry: Telemetry = FULL,
+    warm_arrivals: Sequence[Arrival] | None = None,
+) -> dict[str, Callable[[], Simulation]]:
+    """How each policy's run is made. With ``warm_arrivals``, ``adaptive-warm`` and ``perfect-predictor``
+    first learn from serving them, each on engines of its own and as it routes (without them neither runs:
+    a cold bound is no bound); ``perfect-predictor`` reads the engines at every decision."""
+
+    def sim(
+        rules: RoutingRules, at_seed: int = seed, learner: Learner | None = None, *, myopic: bool = False,
+        perfect: bool = False,
+    ) -> Simulation:  # fmt: skip
+        return Simulation(
+            profile, rules, at_seed, learner, myopic=myopic, perfect=perfect, replicas=replicas, gateways=gateways,
+            scrape_interval_s=0.0 if perfect else scrape_interval_s, telemetry=telemetry,
+        )  # fmt: skip
+
+    reference, adaptive = policies.reference, policies.adaptive
+    sims: dict[str, Callable[[], Simulation]] = {
+        ALWAYS_STANDARD: lambda: sim(fixed_pool_rules(reference, STANDARD)),
+        ALWAYS_SPECULATIVE: lambda: sim(fixed_pool_rules(reference, SPECULATIVE)),
+        RULES: lambda: sim(reference),
+        MYOPIC: lambda: sim(reference, myopic=True),
     }
-    if policies.adaptive is not None:
-        rate, forget = policies.adaptive.adaptive.learning_rate, policies.adaptive.adaptive.stale_s
-        sims[ADAPTIVE] = Simulation(profile, policies.adaptive, seed, learner=Learner(rate, forget), **options)  # type: ignore[arg-type]
-        if warm_arrivals is not None and ADAPTIVE_WARM in include:
+    if adaptive is not None:
+        rate, forget = adaptive.adaptive.learning_rate, adaptive.adaptive.stale_s
+        sims[ADAPTIVE] = lambda: sim(adaptive, learner=Learner(rate, forget))
+
+        def warm(perfect: bool = False) -> Simulation:
             learner = Learner(rate, forget)
-            Simulation(profile, policies.adaptive, seed + 1, learner=learner, **options).run(warm_arrivals)  # type: ignore[arg-type]
-            sims[ADAPTIVE_WARM] = Simulation(profile, policies.adaptive, seed, learner=learner, **options)  # type: ignore[arg-type]
-    results = {name: sim.run(arrivals) for name, sim in sims.items() if name in include}
-    if ORACLE in include and ALWAYS_STANDARD in results and ALWAYS_SPECULATIVE in results:
-        results[ORACLE] = oracle(results[ALWAYS_STANDARD], results[ALWAYS_SPECULATIVE])
-    return results
+            sim(adaptive, seed + 1, learner, perfect=perfect).run(warm_arrivals or ())
+            return sim(adaptive, seed, learner, perfect=perfect)
 
-
-def segment_means(arrivals: Sequence[Arrival]) -> dict[str, tuple[float, float]]:
-    """Per segment (the gateway's task + copy cue), the mean true acceptance and output length: what a
-    perfectly learned model could know about a request before it runs."""
-    sums: dict[str, list[float]] = {}
-    for arrival in arrivals:
-        entry = sums.setdefault(segment_of(arrival.features.task, arrival.features.copy), [0.0, 0.0, 0.0])
-        entry[0] += arrival.acceptance
-        entry[1] += arrival.item.output_tokens
-        entry[2] += 1
-    return {segment: (acc / n, out / n) for segment, (acc, out, n) in sums.items()}
+        if warm_arrivals is not None:
+            sims[ADAPTIVE_WARM] = warm
+            sims[PERFECT] = lambda: warm(perfect=True)
+    return sims
 
 
 def after_warmup(results: dict[str, list[RequestResult]], cutoff_s: float) -> dict[str, list[RequestResult]]:

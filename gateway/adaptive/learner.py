@@ -11,6 +11,14 @@ a few dozen observations of the cell it touches. :meth:`Learner.model` freezes t
 
 With an acceptance length ``a`` the error is split by what acceptance explains: the segment's offset learns
 ``-log(a / mean a)`` and the load curve learns the rest (the time of one engine step at that load).
+
+With the request's :class:`~gateway.adaptive.content.Content`, the per-request predictor
+(:mod:`gateway.adaptive.predictor`) learns its acceptance and output length, and each pool learns a
+**slope**: how its time per token moves with the request's predicted log acceptance length over its
+segment's (regressed on the same residual the segment's offset learns from; prior -1 on a pool that reports
+acceptance, where a step's tokens are the acceptance length, 0 elsewhere). The predictor's deviation is
+computed before it learns from the request (so the slope learns from honest predictions), and the
+template's offset learns what the segment, the slope and the content leave over.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from gateway.adaptive.content import Content
 from gateway.adaptive.model import (
     NODES,
     SHRINK,
@@ -33,6 +42,7 @@ from gateway.adaptive.model import (
     prompt_bin,
     template_key,
 )
+from gateway.adaptive.predictor import Predictor
 
 INITIAL_VAR = 0.25  # log-seconds squared before any residual is seen (sigma 0.5, a factor of 1.65)
 LENGTH_WINDOW = 256  # recent output lengths kept per segment
@@ -41,9 +51,12 @@ REFILL_EVERY = 16  # observations between refreshes of a curve's fill (also refr
 MERGE_DISTANCE = 0.5  # curve points nearer than this (in log2(1 + load)) are one point
 TEMPLATES = 1024  # per pool: the system-prompt templates whose residuals are kept (least recently seen go first)
 # What ``export`` means: bump it whenever a number's unit or meaning changes, so that replicas of two versions
-# (a rolling upgrade) share only with their own kind. 2: a speculative pool's tpot curve is time per engine step
-# and its offsets -log(acceptance) (Dec 2026); 1 (never written out) was time per token.
-EXPORT_FORMAT = 2
+# (a rolling upgrade) share only with their own kind. 3: the per-request predictor's weights ("-|prd|..."), the
+# pools' slopes, and template offsets over the content's part (Dec 2026); 2: a speculative pool's tpot curve is
+# time per engine step and its offsets -log(acceptance); 1 (never written out) was time per token.
+EXPORT_FORMAT = 3
+SLOPE_PRIOR_WEIGHT = 0.2  # the slope's prior counts as this much squared deviation (a few observations)
+SLOPE_DECAY = 0.01  # the slope's sums fade by this per observation: it follows the traffic
 
 
 @dataclass(slots=True)  # not frozen: one per finished request, and a frozen __init__ costs ~2x; never mutated
@@ -59,6 +72,7 @@ class Observation:
     at_s: float = 0.0  # the learner's clock (monotonic seconds in the gateway, virtual in the simulator)
     run_load: float | None = None  # the pool's mean load while the request ran (None: ``load``)
     template: str | None = None  # the request's system-prompt template id (gateway.features)
+    content: Content | None = None  # the request's content features (gateway.adaptive.content)
 
 
 @dataclass
@@ -75,6 +89,23 @@ class _Cell:
         self.value += rate * (target - self.value)
         weight += share
         self.weight = cap if cap < weight else weight
+
+
+@dataclass
+class _Slope:
+    """A regression through 0 of a pool's log-tpot residual on the request's predicted deviation, shrunk to
+    a prior: ``(sum d t + W prior) / (sum d^2 + W)``, the sums fading by SLOPE_DECAY per observation."""
+
+    dt: float = 0.0
+    dd: float = 0.0
+
+    def value(self, prior: float) -> float:
+        return (self.dt + SLOPE_PRIOR_WEIGHT * prior) / (self.dd + SLOPE_PRIOR_WEIGHT)
+
+    def step(self, deviation: float, residual: float) -> None:
+        keep = 1.0 - SLOPE_DECAY
+        self.dt = self.dt * keep + deviation * residual
+        self.dd = self.dd * keep + deviation * deviation
 
 
 @dataclass
@@ -203,6 +234,12 @@ class _PoolState:
     samples: float = 0.0
     last_observed_s: float | None = None
     segment_seen: dict[str, float] = field(default_factory=dict)  # the clock at each segment's last step
+    slope: _Slope = field(default_factory=_Slope)
+    acceptance_max: float = 0.0  # the largest acceptance length reported
+
+    @property
+    def slope_prior(self) -> float:
+        return -1.0 if self.mean_log_acceptance.weight > 0 else 0.0
 
 
 class Learner:
@@ -214,6 +251,7 @@ class Learner:
         self._pools: dict[str, _PoolState] = {}
         self._lengths: dict[str, deque[int]] = {}
         self._all_lengths: deque[int] = deque(maxlen=LENGTH_WINDOW * 2)
+        self.predictor = Predictor()
         self.observations = 0
         self._frozen: LatencyModel | None = None
 
@@ -237,8 +275,14 @@ class Learner:
             state.ttft_var += floor * (error * error - state.ttft_var)
         else:  # a whole reply: take the first token's share from what the streams taught (none: nothing)
             ttft = _known_ttft(state, ttft_offset, u, obs.total_s)
+        deviation = None
+        if obs.content is not None:
+            deviation = self.predictor.deviation(obs.content)  # before it learns from this request
+            acceptance = obs.acceptance_length if obs.acceptance_length and obs.acceptance_length >= 1 else None
+            self.predictor.observe(obs.content, acceptance, obs.output_tokens)
         if obs.output_tokens >= 2 and obs.total_s > ttft:
-            self._observe_tpot(state, obs, ttft, u if obs.run_load is None else load_position(obs.run_load))
+            u_run = u if obs.run_load is None else load_position(obs.run_load)
+            self._observe_tpot(state, obs, ttft, u_run, deviation)
         self._remember_length(obs.segment, obs.output_tokens)
         state.samples = min(state.samples + 1.0, cap * 4)
         state.last_observed_s = obs.at_s
@@ -248,7 +292,9 @@ class Learner:
             state.ttft.refresh()
             state.tpot.refresh()
 
-    def _observe_tpot(self, state: _PoolState, obs: Observation, ttft: float, u: float) -> None:
+    def _observe_tpot(
+        self, state: _PoolState, obs: Observation, ttft: float, u: float, deviation: float | None
+    ) -> None:  # fmt: skip
         floor, cap = self.floor, self.cap
         target = math.log((obs.total_s - ttft) / (obs.output_tokens - 1))
         offset = _cell(state.tpot_offsets, obs.segment)
@@ -265,10 +311,12 @@ class Learner:
         if obs.acceptance_length is not None and obs.acceptance_length >= 1.0:
             log_a = math.log(obs.acceptance_length)
             mean_log_a.step(log_a, 1.0, floor, cap)
+            state.acceptance_max = max(state.acceptance_max, obs.acceptance_length)
             _cell(state.acceptance, obs.segment).step(obs.acceptance_length, 1.0, floor, cap)
             before = _log_tpot_offset(offset, mean_log_a)
-            if template is not None:  # how far this template's acceptance lies from its segment's
-                template.step(-log_a - before, 1.0, floor, cap)
+            explained = _content_part(state, deviation, -log_a - before)
+            if template is not None:  # how far this template's acceptance lies from its segment's and content's
+                template.step(-log_a - before - explained, 1.0, floor, cap)
             offset.step(-log_a, 1.0, floor, cap)
             # The curve learns the engine's time per step at this load (time per token x tokens per step), the
             # offset -log(acceptance): the load's effect apart from the mix of acceptances the pool serves at
@@ -279,7 +327,7 @@ class Learner:
         elif mean_log_a.weight > 0:  # a pool that reports acceptance, a reply without it: the segment's own
             error = state.tpot.step(u, target - _log_tpot_offset(offset, mean_log_a), floor, cap)
         else:
-            error = _fit(state.tpot, offset, u, target, floor, cap, template)
+            error = _fit(state.tpot, offset, u, target, floor, cap, template, (state, deviation))
         state.tpot_var += floor * (error * error - state.tpot_var)
 
     def _remember_length(self, segment: str, tokens: int) -> None:
@@ -298,7 +346,8 @@ class Learner:
         pools = {name: _freeze_pool(state) for name, state in self._pools.items()}
         lengths = {seg: Lengths.of(list(window)) for seg, window in self._lengths.items() if window}
         everything = Lengths.of(list(self._all_lengths)) if self._all_lengths else None
-        self._frozen = LatencyModel(pools, lengths, everything, self.observations, now_s)
+        predictor = self.predictor.freeze() if any(self.predictor.seen) else None
+        self._frozen = LatencyModel(pools, lengths, everything, self.observations, now_s, predictor)
         return self._frozen
 
     # -- sharing (gateway.adaptive.shared turns these into Redis estimates) ----------------------------
@@ -324,6 +373,11 @@ class Learner:
             out[f"{pool}|var|ttft|-"] = (state.ttft_var, state.samples)
             out[f"{pool}|var|tpot|-"] = (state.tpot_var, state.samples)
             out[f"{pool}|mla|-|-"] = (state.mean_log_acceptance.value, state.mean_log_acceptance.weight)
+            if state.slope.dd > 0:
+                out[f"{pool}|slope|-|-"] = (state.slope.value(state.slope_prior), state.slope.dd)
+            if state.acceptance_max > 0:
+                out[f"{pool}|amax|-|-"] = (state.acceptance_max, 1.0)
+        out.update(self.predictor.export())
         for seg, window in self._lengths.items():
             for q, value in enumerate(_quantiles(window)):
                 out[f"-|len|{seg}|{q}"] = (float(value), float(len(window)))
@@ -338,13 +392,17 @@ class Learner:
         """
         lengths: dict[str, list[tuple[int, float, float]]] = {}
         variances: dict[str, list[tuple[str, float, float]]] = {}
-        # positions first: each is blended against the node's weight before its value moves that weight
-        for name, (value, weight) in sorted(shared.items(), key=lambda item: "|pos|" not in item[0]):
+        # positions first: each is blended against the node's weight before its value moves that weight; slopes
+        # last: each is read around its prior, which the pool's mean acceptance ("mla") decides
+        for name, (value, weight) in sorted(shared.items(), key=lambda item: _absorb_order(item[0])):
             pool, kind, part, key = name.split("|", 3)
             if kind == "len":
                 lengths.setdefault(part, []).append((int(key), value, weight))
                 continue
             if weight <= 0 or not math.isfinite(value):
+                continue
+            if kind == "prd":
+                self.predictor.absorb(part, key, value, weight)
                 continue
             if kind == "var":
                 variances.setdefault(pool, []).append((part, value, weight))
@@ -385,6 +443,12 @@ class Learner:
         elif kind == "mla":
             cell = state.mean_log_acceptance
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
+        elif kind == "slope":
+            slope, prior = state.slope, state.slope_prior
+            blended, dd = _blend(slope.value(prior), slope.dd, value, weight)
+            slope.dd, slope.dt = dd, blended * (dd + SLOPE_PRIOR_WEIGHT) - SLOPE_PRIOR_WEIGHT * prior
+        elif kind == "amax":
+            state.acceptance_max = max(state.acceptance_max, value)
 
     def _absorb_variances(self, state: _PoolState, entries: list[tuple[str, float, float]]) -> None:
         """Both residual variances blended against the pool's sample count as it was before this sync (the
@@ -396,6 +460,10 @@ class Learner:
             else:
                 state.tpot_var, _ = _blend(state.tpot_var, before, value, weight)
             state.samples = max(state.samples, min(weight, self.cap * 4))
+
+
+def _absorb_order(name: str) -> int:
+    return 0 if "|pos|" in name else 2 if "|slope|" in name else 1
 
 
 def _monotone(points: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
@@ -423,12 +491,23 @@ def _cell(cells: dict[_K, _Cell], key: _K) -> _Cell:
     return cell
 
 
+def _content_part(state: _PoolState, deviation: float | None, residual: float) -> float:
+    """The part of a request's tpot residual (over its segment's offset) that its predicted content deviation
+    explains on this pool, by the pool's slope as it was; the slope then learns from this residual."""
+    if deviation is None:
+        return 0.0
+    slope = state.slope.value(state.slope_prior)
+    state.slope.step(deviation, residual)
+    return slope * deviation
+
+
 def _fit(
     curve: _CurveState, offset: _Cell, u: float, target: float, floor: float, cap: float,
-    template: _Cell | None = None,
+    template: _Cell | None = None, content: tuple[_PoolState, float | None] | None = None,
 ) -> float:  # fmt: skip
-    """One step of the additive model ``target ~ curve(load) + offset (+ template)`` at load position ``u``;
-    returns the curve's error. The template cell learns what the offset leaves over.
+    """One step of the additive model ``target ~ curve(load) + offset (+ slope x content + template)`` at load
+    position ``u``; returns the curve's error. The slope and the template cell learn what the offset leaves
+    over (the template what the slope leaves).
 
     The curve learns the pool's level at each load over whatever mix of requests it serves; the offset
     learns what the curve leaves over for its cell. (Fitting both to each other's residuals lets a common
@@ -439,8 +518,9 @@ def _fit(
     after = curve.filled()
     # the step left the curve's fill as it was (no new node): the offset's residual is the curve's error
     residual = error if after is before else target - curve.predict(u, after)
+    explained = 0.0 if content is None else _content_part(*content, residual - offset.value)
     if template is not None:
-        template.step(residual - offset.value, 1.0, floor, cap)
+        template.step(residual - offset.value - explained, 1.0, floor, cap)
     offset.step(residual, 1.0, floor, cap)
     return error
 
@@ -508,4 +588,7 @@ def _freeze_pool(state: _PoolState) -> PoolModel:
         template_offsets={k: Offset(c.value, c.weight) for k, c in state.templates.items()},
         last_observed_s=state.last_observed_s,
         segment_seen=dict(state.segment_seen),
+        slope=state.slope.value(state.slope_prior),
+        acceptance_mean=mean if state.mean_log_acceptance.weight > 0 else None,
+        acceptance_max=state.acceptance_max,
     )

@@ -4,12 +4,17 @@ For each pool the model predicts a request's latency from its features and the p
 
     e2e  = ttft + (expected output tokens - 1) x tpot
     ttft = exp(ttft_curve(load) + ttft_offset[prompt size])          queue wait and prefill included
-    tpot = exp(tpot_curve(load) + tpot_offset[segment])              segment = task (+ "/copy" cue)
+    tpot = exp(tpot_curve(load) + tpot_offset[segment]               segment = task (+ "/copy" cue)
+               + slope x content + template_offset)                  content: the request's own deviation
 
 Each curve is piecewise linear in ``log2(1 + load)`` (nodes at load 0, 1, 3, 7, ... 2047) and non-decreasing:
 latency never falls when load rises. Offsets are shrunk towards 0 by their sample weight, so a segment
 seen a few times moves the prediction a little. The expected output length is ``E[min(L, max_tokens)]``
-over the recent lengths of the segment. The learner (:mod:`gateway.adaptive.learner`) builds these
+over the recent lengths of the segment, each scaled by the request's predicted length deviation. ``content``
+is the request's predicted log acceptance length minus its segment's (:mod:`gateway.adaptive.predictor`);
+``slope``, learned per pool, is what it does to the pool's time per token (about -1 on a speculative pool,
+0 on a standard one). A request whose acceptance and length are known (the simulator's perfect-predictor
+reference) is predicted from those instead. The learner (:mod:`gateway.adaptive.learner`) builds these
 objects from finished requests; :mod:`gateway.adaptive.policy` compares the two pools' predictions.
 """
 
@@ -21,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import accumulate
 from types import MappingProxyType
+
+from gateway.adaptive.predictor import PredictorModel
 
 NODES = 12  # load grid: 2**i - 1 for i in 0..11
 PROMPT_BINS = (128, 512, 2048)  # prompt-token edges: bins 0..3
@@ -97,6 +104,9 @@ class PoolModel:
     last_observed_s: float | None = None  # the learner's clock at the last observation
     segment_seen: Mapping[str, float] = field(default_factory=dict)  # the clock at each segment's last one
     template_offsets: Mapping[str, Offset] = field(default_factory=dict)  # by "segment#template", over tpot_offsets
+    slope: float = 0.0  # log tpot per unit of a request's predicted log acceptance length over its segment's
+    acceptance_mean: float | None = None  # mean log acceptance length the curve is read around (None: unreported)
+    acceptance_max: float = 0.0  # the largest acceptance length reported (k + 1 at most: the draft length's floor)
     # derived in __post_init__ (a model is built every model refresh, read by every request)
     has_ttft: bool = field(init=False, default=False)  # a stream was seen: the first token's time is known
     ttft_shift: Mapping[int, float] = field(init=False, default_factory=dict)  # shrunk offsets by prompt bin
@@ -153,7 +163,7 @@ class Lengths:
     def count(self) -> int:
         return len(self.sorted_tokens)
 
-    def expected(self, cap: int) -> float:
+    def expected(self, cap: float) -> float:
         """``E[min(L, cap)]`` over the sample."""
         n = len(self.sorted_tokens)
         below = bisect_right(self.sorted_tokens, cap)
@@ -207,6 +217,7 @@ class LatencyModel:
     all_lengths: Lengths | None = None  # every segment together: the prior for a segment not seen yet
     version: int = 0  # how many observations built it
     built_s: float = 0.0  # the learner's clock when it was built
+    predictor: PredictorModel | None = None  # per-request acceptance and length from content (None: unlearned)
     # both pools' predictions by what they depend on (gateway.adaptive.policy.predictions): a model is read by
     # every request until the next refresh, and requests of one application at one load ask the same question
     memo: dict[tuple[object, ...], tuple[Prediction, ...]] = field(
@@ -224,8 +235,15 @@ class LatencyModel:
         offset = found.acceptance.get(segment) if found is not None else None
         return offset.value if offset is not None and offset.weight >= 3 else None
 
-    def expected_tokens(self, segment: str, max_tokens: int) -> tuple[float, float]:
-        """Expected output tokens and the sample count behind it (max_tokens / 2 when nothing is known)."""
+    def expected_tokens(self, segment: str, max_tokens: float, deviation: float = 0.0) -> tuple[float, float]:
+        """Expected output tokens and the sample count behind it (max_tokens / 2 when nothing is known).
+        ``deviation``: the request's predicted log length over its segment's; the segment's lengths are read
+        scaled by its exp, ``E[min(L e^d, max_tokens)] = e^d E[min(L, max_tokens e^-d)]``."""
+        if deviation:
+            scale = math.exp(deviation)
+            expected, samples = self.expected_tokens(segment, max_tokens / scale)
+            expected *= scale
+            return (expected if expected < max_tokens else max_tokens), samples
         lengths = self.lengths.get(segment)
         if lengths is not None and lengths.count >= 3:
             return lengths.expected(max_tokens), lengths.count
@@ -236,11 +254,14 @@ class LatencyModel:
     def predict(
         self, pool: str, segment: str, prompt_tokens: int, max_tokens: int, load: float, objective: str = "e2e",
         externality: float = 1.0, tokens: tuple[float, float] | None = None, template: str | None = None,
+        content: float = 0.0, log_acceptance: float | None = None,
     ) -> Prediction | None:  # fmt: skip
         """The pool's predicted latency for one request at ``load``, or None for a pool never observed.
         ``tokens``: :meth:`expected_tokens` for the request, when the caller has it already (both pools').
         ``template``: :func:`template_key` of the request's system-prompt template, whose learned offset (shrunk
-        by its samples) adds to the segment's."""
+        by its samples) adds to the segment's. ``content``: the request's predicted log acceptance length over
+        its segment's (times the pool's slope). ``log_acceptance``: the request's true log acceptance length,
+        when known: on a pool that reports acceptance it replaces the segment's, template's and content's."""
         found = self.pools.get(pool)
         if found is None:
             return None
@@ -259,8 +280,13 @@ class LatencyModel:
         f = u - i
         g = 1.0 - f
         shift, exp_shift, seg_weight, seg_cap = found.tpot_shift.get(segment, _NO_SHIFT)
-        if template is not None:
-            extra = found.template_shift.get(template)
+        if log_acceptance is not None and found.acceptance_mean is not None:
+            shift = found.acceptance_mean - log_acceptance  # the curve is time per step, less the mean
+            exp_shift = math.exp(shift)
+        else:
+            extra = found.slope * content
+            if template is not None:
+                extra += found.template_shift.get(template, 0.0)
             if extra:
                 shift += extra
                 exp_shift = math.exp(shift)

@@ -21,10 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gateway.adaptive.model import PROMPT_BINS, Prediction, prediction_for, segment_of, template_key
+from gateway.adaptive.content import content_of
+from gateway.adaptive.model import PROMPT_BINS, LatencyModel, Prediction, prediction_for, segment_of, template_key
 from gateway.features import RequestFeatures
 from gateway.rules import AdaptiveConfig, RoutingRules
-from gateway.snapshot import POOL_NAMES, Snapshot, other_pool, pool_load
+from gateway.snapshot import POOL_NAMES, SPECULATIVE, Snapshot, other_pool, pool_load
 
 _BIN1, _BIN2, _BIN3 = PROMPT_BINS  # prompt_bin, inlined in the memo's key
 
@@ -42,14 +43,19 @@ class Choice:
 
 
 MEMO_LIMIT = 4096  # predictions kept per model (a model lives until the next refresh, a second at most)
+# A request's predicted deviations are read in steps (1/ACCEPTANCE_STEPS in log acceptance length, 2 % of
+# time per token; 1/LENGTH_STEPS in log output length), so requests alike ask the memo the same question
+ACCEPTANCE_STEPS = 50
+LENGTH_STEPS = 20
 
 
 def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> tuple[Prediction, ...]:
     """Both pools' predictions for this request (empty for a pool the model has never seen).
 
     Memoized on the model by everything they depend on: the request's segment, template, prompt bin,
-    ``max_tokens`` and ``n``, the objective, the externality and both pools' loads. The model is immutable,
-    so a remembered answer is the one :meth:`LatencyModel.predict` would give again."""
+    ``max_tokens`` and ``n``, its predicted acceptance and length deviations (in steps: the predictions use
+    the stepped values) or what is known of it, the objective, the externality and both pools' loads. The
+    model is immutable, so a remembered answer is the one :meth:`LatencyModel.predict` would give again."""
     model = snapshot.model
     if model is None:
         return ()
@@ -57,19 +63,37 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
     externality, extra = rules.adaptive.externality, features.n - 1
     prompt = features.prompt_tokens
     loads = [pool_load(snapshot, name) + extra for name in POOL_NAMES]
+    known = None if features.known is None else _known(features, snapshot, model)
+    if known is None:
+        acceptance = length = 0
+        content = content_of(features)
+        if content is not None and model.predictor is not None:
+            deviation = model.predictor.estimate(content)
+            acceptance = round(deviation[0] * ACCEPTANCE_STEPS)
+            length = round(deviation[1] * LENGTH_STEPS)
+        asked: object = (acceptance, length)
+    else:
+        asked = known
     key = (features.task, features.copy, features.template, 0 if prompt < _BIN1 else 1 if prompt < _BIN2 else 2
-           if prompt < _BIN3 else 3, features.max_tokens, objective, externality, *loads)  # fmt: skip
+           if prompt < _BIN3 else 3, features.max_tokens, asked, objective, externality, *loads)  # fmt: skip
     memo = model.memo
     found = memo.get(key)
     if found is not None:
         return found
     segment = segment_of(features.task, features.copy)
-    tokens = model.expected_tokens(segment, features.max_tokens)  # the same for both pools
     template = template_key(segment, features.template)
+    if known is None:
+        tokens = model.expected_tokens(segment, features.max_tokens, length / LENGTH_STEPS)  # both pools'
+        shift, log_acceptance = acceptance / ACCEPTANCE_STEPS, None
+    else:
+        log_acceptance, output = known
+        tokens = (float(min(output, features.max_tokens)), math.inf)
+        shift = 0.0
     out = []
     for name, load in zip(POOL_NAMES, loads, strict=True):
         prediction = model.predict(
-            name, segment, prompt, features.max_tokens, load, objective, externality, tokens, template
+            name, segment, prompt, features.max_tokens, load, objective, externality, tokens, template, shift,
+            log_acceptance,
         )  # fmt: skip
         if prediction is not None:
             out.append(prediction)
@@ -77,6 +101,29 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
         memo.clear()
     memo[key] = found = tuple(out)
     return found
+
+
+def _known(features: RequestFeatures, snapshot: Snapshot, model: LatencyModel) -> tuple[float | None, int] | None:
+    """What is known of the request in advance (only the simulator's perfect-predictor reference knows it):
+    its log acceptance length on the speculative pool (None where the draft length is not known yet) and its
+    output tokens. The known per-token acceptance ``a`` gives ``(1 - a^(k+1)) / (1 - a)`` tokens a step, with
+    ``k`` the speculative pool's draft length as its counters tell it (drafted tokens per draft), else as the
+    largest acceptance length it reported."""
+    known = features.known
+    if known is None:
+        return None
+    rate, output = known
+    pool = snapshot.pool(SPECULATIVE)
+    k: float = 0.0
+    if pool.acceptance_rate and pool.acceptance_length:
+        k = round((pool.acceptance_length - 1.0) / pool.acceptance_rate)
+    else:
+        found = model.pools.get(SPECULATIVE)
+        k = math.ceil(found.acceptance_max - 1.0 - 1e-9) if found is not None else 0
+    if k < 1:
+        return None, output
+    steps = k + 1.0 if rate >= 1.0 else (1.0 - rate ** (k + 1)) / (1.0 - max(rate, 0.0))
+    return math.log(steps), output
 
 
 def is_warm(snapshot: Snapshot, config: AdaptiveConfig) -> bool:

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from gateway.adaptive.model import NODES, PROMPT_BINS, LatencyModel, Offset, PoolModel, Prediction
+from gateway.adaptive.predictor import predictor_view
 from gateway.rules import RoutingRules
 
 GRID_LOADS = tuple(2**i - 1 for i in range(NODES))
@@ -41,6 +42,7 @@ def model_view(model: LatencyModel | None, rules: RoutingRules, now_s: float, wa
         "observations": model.version,
         "min_samples": rules.adaptive.min_samples,
         "pools": {name: _pool_view(pool, now_s) for name, pool in model.pools.items()},
+        "predictor": predictor_view(model.predictor),
         "segments": {
             segment: {
                 "samples": lengths.count,
@@ -76,6 +78,9 @@ def _pool_view(pool: PoolModel, now_s: float) -> dict[str, Any]:
         },
         "residual_sigma": {"ttft": round(math.sqrt(pool.ttft_var), 3), "tpot": round(math.sqrt(pool.tpot_var), 3)},
         "templates": _templates_view(pool),
+        # log tpot per unit of a request's predicted log acceptance length over its segment's (about -1 where
+        # the pool reports acceptance, 0 where acceptance does not change its speed)
+        "content_slope": round(pool.slope, 3),
     }
 
 

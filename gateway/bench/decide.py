@@ -3,7 +3,9 @@
 Times ``decide(features, snapshot, rules)`` (and feature extraction, and the adaptive policy's per-request
 snapshot refresh) over a fixed set of requests from the shipped workload: the reference rules, the shipped
 rules while the model warms up (they fall through to the reference rules), and the shipped rules with a
-warm model (``fastest``: both pools' predictions and the choice). Median and p99 in microseconds.
+warm model (``fastest``: the per-request predictor's estimate, both pools' predictions and the choice).
+The last row is the whole decision a request costs: its features read from the body (the content features
+included), the snapshot with fresh in-flight counts, and ``decide``. Median and p99 in microseconds.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
-from backends.workloads.loader import load_workload
+from backends.workloads.loader import WorkloadItem, load_workload
+from gateway.adaptive.content import Content, ContentReader, content_of
 from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import segment_of
 from gateway.decide import decide
@@ -30,16 +33,38 @@ def _features(rules: RoutingRules) -> list[RequestFeatures]:
     return [extract_features(item.request_body("m"), "chat", {}, rules, classifier) for item in load_workload().items]
 
 
+def _texts(item: WorkloadItem) -> tuple[str | None, str | None]:
+    messages = item.request_body("m")["messages"]
+    system = next((m["content"] for m in messages if m["role"] in ("system", "developer")), None)
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    return system, users[-1] if users else None
+
+
+def _content(reader: ContentReader, item: WorkloadItem, f: RequestFeatures) -> Content:
+    """The request's content features: as extracted with it, or read here (a tree whose feature extraction
+    does not read them yet)."""
+    found = content_of(f)
+    if found is not None:
+        return found
+    return reader.read(*_texts(item), f.task, f.copy, f.prompt_tokens, f.max_tokens, f.n, f.temperature)
+
+
 def _warm_model(features: list[RequestFeatures]) -> Learner:
-    learner, rng = Learner(), random.Random(0)
+    """A learner that has seen 2,000 requests of the workload on both pools, with their content and (on the
+    speculative pool) acceptance, so that the per-request predictor is learned too."""
+    learner, rng, reader = Learner(), random.Random(0), ContentReader()
+    items = load_workload().items
     for index in range(2000):
         f = features[index % len(features)]
+        item = items[index % len(items)]
         pool = POOL_NAMES[index % 2]
         load = rng.randint(0, 100)
         tpot = (0.03 if pool == "standard" else 0.012) * (1 + load / (300 if pool == "standard" else 60))
         tokens = rng.randint(20, 400)
+        acceptance = 1 + 4 * item.acceptance if pool != "standard" else None
         learner.observe(Observation(pool, segment_of(f.task, f.copy), f.prompt_tokens, load, 0.05,
-                                    0.05 + tokens * tpot, tokens, at_s=1.0))  # fmt: skip
+                                    0.05 + tokens * tpot, tokens, acceptance, at_s=1.0,
+                                    content=_content(reader, item, f)))  # fmt: skip
     return learner
 
 
@@ -58,12 +83,29 @@ def measure(rounds: int = 20_000) -> dict[str, list[float]]:
     pools = {name: PoolSnapshot(name, 1, 1, running=12, waiting=0, inflight=3) for name in POOL_NAMES}
     cold = Snapshot(pools=pools)
     warm = Snapshot(pools=pools, model=_warm_model(features).model(1.0))
+    assert warm.model is not None and warm.model.predictor is not None
+    predictor = warm.model.predictor
     items = load_workload().items
     classifier = Classifier(shipped)
+    reader = ContentReader()
+    texts = [_texts(item) for item in items]
+    contents = [_content(reader, item, f) for item, f in zip(items, features, strict=True)]
     it = iter(range(10**9))
 
     def pick() -> RequestFeatures:
         return features[next(it) % len(features)]
+
+    def read_content() -> Content:
+        index = next(it) % len(items)
+        f = features[index]
+        return reader.read(*texts[index], f.task, f.copy, f.prompt_tokens, f.max_tokens, f.n, f.temperature)
+
+    def whole() -> object:
+        index = next(it) % len(items)
+        f = extract_features(items[index].request_body("m"), "chat", {}, shipped, classifier)
+        if content_of(f) is None:  # a tree that does not read them with the features yet: their cost counts
+            reader.read(*texts[index], f.task, f.copy, f.prompt_tokens, f.max_tokens, f.n, f.temperature)
+        return decide(f, warm.with_inflight({"standard": 3}), shipped)
 
     return {
         "decide: reference rules": _time(lambda: decide(pick(), cold, reference), rounds),
@@ -76,6 +118,11 @@ def measure(rounds: int = 20_000) -> dict[str, list[float]]:
             lambda: extract_features(items[next(it) % len(items)].request_body("m"), "chat", {}, shipped, classifier),
             rounds,
         ),
+        "content features alone (ContentReader.read)": _time(read_content, rounds),
+        "predictor estimate alone (both targets)": _time(
+            lambda: predictor.estimate(contents[next(it) % len(contents)]), rounds
+        ),
+        "whole decision: extract_features + snapshot + decide, warm": _time(whole, rounds),
     }
 
 

@@ -213,7 +213,7 @@ def test_speed_factor_scales_wall_time(spec_url: str) -> None:
     # 100 tokens of cpu-smollm2 plain decoding take about 1.1 emulated seconds; at x20 about 55 ms.
     with ThreadServer(_app(False)) as server:
         url = server.url
-        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100}
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100, "ignore_eos": True}
         started = time.perf_counter()
         httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
         elapsed = time.perf_counter() - started

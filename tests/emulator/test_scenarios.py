@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backends.emulator.evaluate import _settling
 from backends.emulator.scenarios import requests_to_learn
-from backends.emulator.simulate import ADAPTIVE_WARM, CLAIRVOYANT, RequestResult
+from backends.emulator.simulate import ADAPTIVE_WARM, MYOPIC, RequestResult
 
 
 def results(latencies: list[float]) -> list[RequestResult]:
@@ -20,14 +20,14 @@ def test_settles_when_three_windows_in_a_row_come_within_the_tolerance() -> None
 
 
 def test_a_light_last_third_does_not_set_the_bar() -> None:
-    """The cold run against the clairvoyant, on arrivals that go quiet at the end: the cold run's own last
+    """The cold run against the myopic reference, on arrivals that go quiet at the end: the cold run's own last
     third is easy, so its ratio there is lower than the warm run's ever is, and the cold run looks unsettled
     long after it has caught up with the warm run on the same requests."""
     warm = [1.0] * 900
     cold = [3.0] * 100 + [1.05] * 500 + [1.0] * 300
-    clairvoyant = [0.7] * 600 + [0.99] * 300  # the quiet end: every policy near the bound
-    against_tail, _ = _settling(results(cold), {CLAIRVOYANT: results(clairvoyant)})
-    against_warm, windows = _settling(results(cold), {CLAIRVOYANT: results(clairvoyant), ADAPTIVE_WARM: results(warm)})
+    myopic = [0.7] * 600 + [0.99] * 300  # the quiet end: every policy near the bound
+    against_tail, _ = _settling(results(cold), {MYOPIC: results(myopic)})
+    against_warm, windows = _settling(results(cold), {MYOPIC: results(myopic), ADAPTIVE_WARM: results(warm)})
     assert windows == 9
     assert against_warm == 100
     assert against_tail == 600  # only the quiet tail itself is within 10 % of the tail's ratio

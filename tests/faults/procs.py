@@ -40,6 +40,7 @@ class Proc(ManagedProcess):
     """A ManagedProcess started with our environment, which a test may also SIGKILL."""
 
     env: dict[str, str] | None = None
+    admin_token: str | None = None  # a gateway's: /ready names its replicas only with it once keys are set
 
     def start(self) -> None:
         with self.log.open("ab") as log:
@@ -87,6 +88,7 @@ def gateway_proc(workdir: Path, standard: list[str], speculative: list[str], **s
     extra = {f"SPECGATE_{k.upper()}": str(v) for k, v in values.items()}
     proc = Proc(argv=argv, port=port, log=workdir / "gateway.log", ready_timeout_s=60.0)
     proc.env = _env(extra)
+    proc.admin_token = settings.get("admin_token")
     return proc
 
 
@@ -102,7 +104,9 @@ def running(*procs: Proc) -> Iterator[None]:
 
 
 def ready(gateway: Proc) -> dict[str, Any]:
-    response = httpx.get(f"{gateway.url}/ready", timeout=10)
+    token = gateway.admin_token
+    headers = {"authorization": f"Bearer {token}"} if token else None
+    response = httpx.get(f"{gateway.url}/ready", timeout=10, headers=headers)
     body: dict[str, Any] = response.json()
     body["status"] = response.status_code
     return body

@@ -86,6 +86,7 @@ def test_redis_and_prometheus_killed_and_restarted_under_load(tmp_path: Path) ->
         "redis_timeout_s": 0.2,
         "redis_sync_interval_s": 0.2,
         "keys": LOAD_KEY,
+        "admin_token": "adm-signal-faults",  # with keys set, /ready names the replicas only to the admin token
     }
     gw = gateway_proc(tmp_path, [std.url], [spec.url], **signals)
     prom.configure(prometheus_config_for(gw.port))

@@ -1,9 +1,10 @@
 """The transport-free part of the emulator server: engine, loop, metrics, ground truth and response bodies.
 
 :class:`EmulatorCore` turns a parsed request into an engine request (acceptance and natural length from the
-workload's ground truth, looked up by a hash of the messages, or from the profile for unknown prompts; never
-from anything else the client sends), and :func:`stream_events` / :func:`full_body` turn its tokens into
-OpenAI bytes. The ASGI server (``server.py``) and the aiohttp one (``aiohttp_server.py``) only move bytes.
+workload's ground truth, looked up by a hash of the messages, or read from the prompt's content by the
+profile's acceptance model for unknown prompts; never from anything else the client sends), and
+:func:`stream_events` / :func:`full_body` turn its tokens into OpenAI bytes. The ASGI server (``server.py``)
+and the aiohttp one (``aiohttp_server.py``) only move bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from backends.emulator import extras
 from backends.emulator import openai_io as io
 from backends.emulator import responses_io as rio
+from backends.emulator.acceptance import ground_truth
 from backends.emulator.metrics import EmulatorMetrics
 from backends.emulator.profiles import Profile
 from backends.emulator.runner import EngineRunner, Ticket
@@ -34,6 +36,7 @@ from backends.workloads.loader import Workload, WorkloadItem
 
 EMULATED_HEADER = "x-specgate-emulated"
 MODE_HEADER = "x-specgate-emulator-mode"
+CONTENT_CACHE = 4096  # prompts whose content truth is kept (emptied when full)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +84,9 @@ class EmulatorCore:
         self.engine = Engine(model, random.Random(config.seed))
         self.runner = EngineRunner(self.engine, self.metrics, config.speed)
         self.headers = {EMULATED_HEADER: "true", MODE_HEADER: config.mode}
-        self._truth: dict[str, WorkloadItem] = workload.by_key() if workload is not None else {}
+        truth = workload.with_model(config.profile.acceptance_model) if workload is not None else None
+        self._truth: dict[str, WorkloadItem] = truth.by_key() if truth is not None else {}
+        self._content: dict[str, tuple[float, int]] = {}  # prompt key -> content truth, for unknown prompts
         self._runner_task: asyncio.Task[None] | None = None
         self.responses = rio.ResponseStore()
 
@@ -99,8 +104,19 @@ class EmulatorCore:
 
     def parse(self, kind: str, raw: bytes) -> io.ParsedRequest:
         if kind == rio.RESPONSES:
-            return rio.parse_responses(raw, self.config.model_name, self.config.profile.max_model_len)
-        return io.parse_request(kind, raw, self.config.model_name, self.config.profile.max_model_len)
+            parsed = rio.parse_responses(raw, self.config.model_name, self.config.profile.max_model_len)
+        else:
+            parsed = io.parse_request(kind, raw, self.config.model_name, self.config.profile.max_model_len)
+        if parsed.key not in self._truth and parsed.key not in self._content:
+            self._remember(parsed, _roles(kind, raw, parsed))
+        return parsed
+
+    def _remember(self, parsed: io.ParsedRequest, messages: list[dict[str, Any]]) -> None:
+        """Read an unknown prompt's content once: its acceptance and natural length, kept by its key."""
+        if len(self._content) >= CONTENT_CACHE:
+            self._content.clear()
+        model = self.config.profile.acceptance_model
+        self._content[parsed.key] = ground_truth(messages, self._draw_length(parsed.key), model)
 
     def start(self, parsed: io.ParsedRequest) -> Job:
         """Admit a parsed request into the engine."""
@@ -139,7 +155,9 @@ class EmulatorCore:
         if item is not None:
             acceptance, drawn, task = item.acceptance, item.output_tokens, item.task
         else:
-            acceptance, drawn, task = self.config.profile.default_acceptance, self._draw_length(parsed.key), None
+            if parsed.key not in self._content:  # parsed elsewhere: its roles are gone, its text is not
+                self._remember(parsed, [{"role": "user", "content": parsed.prompt_text}])
+            (acceptance, drawn), task = self._content[parsed.key], None
         limit = parsed.max_tokens or self.config.profile.max_model_len - parsed.prompt_tokens
         stops_early = drawn <= limit and not parsed.ignore_eos  # ignore_eos: only the length limit stops it
         request = EngineRequest(
@@ -185,6 +203,14 @@ class EmulatorCore:
 
     def metrics_body(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _roles(kind: str, raw: bytes, parsed: io.ParsedRequest) -> list[dict[str, Any]]:
+    """A parsed request's messages with their roles (a chat's as sent; other kinds' text as one message)."""
+    if kind == io.CHAT:
+        messages = orjson.loads(raw).get("messages")  # parse() validated it: a list of objects with a role
+        return [m for m in messages if isinstance(m, dict)]
+    return [{"role": "user", "content": parsed.prompt_text}]
 
 
 async def full_body(job: Job) -> bytes | None:

@@ -11,6 +11,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from backends.emulator.acceptance import AcceptanceModel
+
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
 
@@ -41,7 +43,8 @@ class SpeculativeConfig(_Strict):
 
 
 class OutputLength(_Strict):
-    """Log-normal output length for prompts the workload does not know."""
+    """Log-normal base output length for prompts the workload does not know (the content model shortens
+    or sets it where the request plainly asks for a length: a rewrite, a translation, one word)."""
 
     median: int = Field(gt=0)
     sigma: float = Field(ge=0)
@@ -59,7 +62,9 @@ class Profile(_Strict):
     kv_capacity_tokens: int = Field(gt=0)
     step: StepCost
     speculative: SpeculativeConfig
-    default_acceptance: float = Field(gt=0, lt=1)
+    acceptance_model: AcceptanceModel = Field(
+        default_factory=AcceptanceModel, description="how this drafter's acceptance follows content"
+    )
     output_length: OutputLength
     targets: dict[str, str] = Field(default_factory=dict, description="the calibration targets, as prose")
 

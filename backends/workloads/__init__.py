@@ -1,12 +1,23 @@
-"""Shipped workloads (prompts with ground truth) and the prompt key shared by the emulator and simulator."""
+"""Shipped workloads (prompts with ground truth, in splits) and the prompt key shared by the emulator and simulator."""
 
 from backends.workloads.loader import (
+    SPLITS,
     Workload,
     WorkloadItem,
     count_prompt_tokens,
     count_tokens,
+    load_split,
     load_workload,
     prompt_key,
 )
 
-__all__ = ["Workload", "WorkloadItem", "count_prompt_tokens", "count_tokens", "load_workload", "prompt_key"]
+__all__ = [
+    "SPLITS",
+    "Workload",
+    "WorkloadItem",
+    "count_prompt_tokens",
+    "count_tokens",
+    "load_split",
+    "load_workload",
+    "prompt_key",
+]

@@ -1,25 +1,54 @@
-"""The shipped workloads: hand-written prompts with their ground truth.
+"""The shipped workloads: hand-written prompts with their ground truth, in splits.
 
-Each ``data/<category>.yaml`` holds a category's prompts, its acceptance and output-length distributions,
-and per item the values drawn from them once (by ``python -m backends.workloads.draw``). The emulator and
-the simulator both look items up by :func:`prompt_key`, a hash of the messages (or the completion prompt),
-so that a request's acceptance comes from the workload and never from anything the gateway adds.
+Each ``<split>/<category>.yaml`` holds a category's prompts. A **synthetic** file (the default
+``provenance``) holds its output-length distribution and per item the base length drawn from it once (by
+``python -m backends.workloads.draw``); the item's acceptance and, where its content plainly sets it, its
+natural length come from the content model (:mod:`backends.emulator.acceptance`, which reads the text
+with :mod:`backends.emulator.reading`), so they follow what the request asks, not its category. A
+**recorded** file (``provenance: recorded``) holds per item what a real engine measured; its ``acceptance``
+and ``output_tokens`` are kept as they are. An item of a synthetic file that gives its own ``acceptance`` is
+kept as given too (a workload written elsewhere, e.g. one a reviewer judges the policy on, says what its
+truth is); the shipped synthetic files give none, so the content model decides theirs.
+
+Splits (:data:`SPLITS`): ``dev`` (``data/``, what the gateway's cues and knobs and the emulator's
+calibration are developed on), ``eval`` (``eval/``, other items of the same categories, never tuned on), and
+the family where acceptance does not follow the task name (one system prompt everywhere), as
+``one-prompt-dev`` and ``one-prompt-eval`` under ``families/one-prompt/``.
+
+The emulator and the simulator both look items up by :func:`prompt_key`, a hash of the messages (or the
+completion prompt), so that a request's acceptance comes from the workload and never from anything the
+gateway adds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-DATA_DIR = Path(__file__).parent / "data"
+from backends.emulator.acceptance import DEFAULT_MODEL, AcceptanceModel, acceptance_of
+from backends.emulator.acceptance import natural_length_of as _natural_length
+from backends.emulator.reading import count_tokens as count_tokens  # the prompt counter, re-exported
+from backends.emulator.reading import read_request
+
+HERE = Path(__file__).parent
+DATA_DIR = HERE / "data"  # the development split (the workload shipped first)
+EVAL_DIR = HERE / "eval"
+FAMILY_DIR = HERE / "families" / "one-prompt"
+SPLITS: Mapping[str, Path] = {
+    "dev": DATA_DIR,
+    "eval": EVAL_DIR,
+    "one-prompt-dev": FAMILY_DIR / "dev",
+    "one-prompt-eval": FAMILY_DIR / "eval",
+}
 
 # The task each category's items have unless an item says otherwise.
 CATEGORY_TASKS: Mapping[str, str] = {
@@ -31,7 +60,6 @@ CATEGORY_TASKS: Mapping[str, str] = {
 }
 
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]")
-_TOKEN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]|\w+|[^\w\s]")
 
 
 class WorkloadError(ValueError):
@@ -43,6 +71,8 @@ class _Strict(BaseModel):
 
 
 class Beta(_Strict):
+    """Accepted in older files, never used: acceptance comes from content (or a recording)."""
+
     mean: float = Field(gt=0, lt=1)
     concentration: float = Field(gt=0)
 
@@ -55,8 +85,8 @@ class LogNormal(_Strict):
 
 
 class Distribution(_Strict):
-    acceptance: Beta
     output_tokens: LogNormal
+    acceptance: Beta | None = None
 
 
 class Message(_Strict):
@@ -86,8 +116,17 @@ class ItemSpec(_Strict):
 
 class CategoryFile(_Strict):
     category: str
-    distribution: Distribution
+    provenance: Literal["synthetic", "recorded"] = "synthetic"
+    source: str | None = Field(default=None, description="how the file was made: the command, engine, date")
+    task: str | None = Field(default=None, description="the items' task unless an item says otherwise")
+    distribution: Distribution | None = None
     items: list[ItemSpec]
+
+    @model_validator(mode="after")
+    def _drawn_from_something(self) -> CategoryFile:
+        if self.provenance == "synthetic" and self.distribution is None:
+            raise ValueError("a synthetic file needs 'distribution' (its output lengths are drawn from it)")
+        return self
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +141,7 @@ class WorkloadItem:
     acceptance: float
     output_tokens: int
     hard_case: str | None
+    recorded: bool = False  # measured on an engine or given by its file: kept as it is; else read from the content
 
     @property
     def key(self) -> str:
@@ -132,6 +172,13 @@ class Workload:
     def by_key(self) -> dict[str, WorkloadItem]:
         return {item.key: item for item in self.items}
 
+    def with_model(self, model: AcceptanceModel) -> Workload:
+        """The same items with the synthetic ones' acceptance read by ``model`` (a profile's drafter)."""
+        if model == DEFAULT_MODEL:
+            return self
+        return Workload(tuple(item if item.recorded else dataclasses.replace(
+            item, acceptance=acceptance_of(read_request(item.messages), model)) for item in self.items))  # fmt: skip
+
     def categories(self) -> list[str]:
         return sorted({item.category for item in self.items})
 
@@ -154,23 +201,26 @@ def content_text(content: Any) -> str:
     return ""
 
 
-def count_tokens(text: str) -> int:
-    """A cheap token estimate: one per CJK character, word or punctuation mark."""
-    return len(_TOKEN.findall(text))
-
-
 def count_prompt_tokens(messages: Iterable[Mapping[str, Any]]) -> int:
     """Prompt tokens of a chat: the text plus a few template tokens per message (as chat templates add)."""
     return sum(count_tokens(content_text(m.get("content"))) + 4 for m in messages) + 2
 
 
-def load_workload(paths: Iterable[Path] | None = None) -> Workload:
-    """Load the shipped categories (or the given files). Items without drawn values are rejected."""
+def load_workload(paths: Iterable[Path] | None = None, model: AcceptanceModel = DEFAULT_MODEL) -> Workload:
+    """Load the development split (or the given files); synthetic items' acceptance read by ``model``.
+    Items without a drawn (or recorded) length are rejected."""
     files = sorted(DATA_DIR.glob("*.yaml")) if paths is None else list(paths)
     items: list[WorkloadItem] = []
     for path in files:
-        items.extend(_items(load_category_file(path), path))
+        items.extend(_items(load_category_file(path), path, model))
     return Workload(tuple(items))
+
+
+def load_split(name: str, model: AcceptanceModel = DEFAULT_MODEL) -> Workload:
+    """One of :data:`SPLITS` by name."""
+    if name not in SPLITS:
+        raise WorkloadError(f"no workload split {name!r}; shipped: {', '.join(SPLITS)}")
+    return load_workload(sorted(SPLITS[name].glob("*.yaml")), model)
 
 
 def load_category_file(path: Path) -> CategoryFile:
@@ -181,24 +231,33 @@ def load_category_file(path: Path) -> CategoryFile:
         raise WorkloadError(f"{path}: {details}") from exc
 
 
-def _items(spec: CategoryFile, path: Path) -> list[WorkloadItem]:
-    items = []
-    for item in spec.items:
-        if item.acceptance is None or item.output_tokens is None:
-            raise WorkloadError(f"{path}: item {item.id} has no drawn acceptance/output_tokens; run the drawer")
-        items.append(
-            WorkloadItem(
-                id=item.id,
-                category=spec.category,
-                task=item.task or CATEGORY_TASKS.get(spec.category, spec.category),
-                messages=_messages(item),
-                max_tokens=item.max_tokens,
-                acceptance=item.acceptance,
-                output_tokens=item.output_tokens,
-                hard_case=item.hard_case,
-            )
-        )
-    return items
+def _items(spec: CategoryFile, path: Path, model: AcceptanceModel) -> list[WorkloadItem]:
+    return [_item(spec, item, path, model) for item in spec.items]
+
+
+def _item(spec: CategoryFile, item: ItemSpec, path: Path, model: AcceptanceModel) -> WorkloadItem:
+    recorded = spec.provenance == "recorded"
+    given = recorded or item.acceptance is not None  # the file states the truth: kept as it is
+    if item.output_tokens is None or (recorded and item.acceptance is None):
+        wanted = "recorded acceptance/output_tokens" if recorded else "drawn output_tokens; run the drawer"
+        raise WorkloadError(f"{path}: item {item.id} has no {wanted}")
+    messages = _messages(item)
+    if given:
+        acceptance, output_tokens = item.acceptance or 0.0, item.output_tokens
+    else:
+        reading = read_request(messages)
+        acceptance, output_tokens = acceptance_of(reading, model), _natural_length(reading, item.output_tokens)
+    return WorkloadItem(
+        id=item.id,
+        category=spec.category,
+        task=item.task or spec.task or CATEGORY_TASKS.get(spec.category, spec.category),
+        messages=messages,
+        max_tokens=item.max_tokens,
+        acceptance=acceptance,
+        output_tokens=output_tokens,
+        hard_case=item.hard_case,
+        recorded=given,
+    )
 
 
 def _messages(item: ItemSpec) -> tuple[Mapping[str, str], ...]:

@@ -68,7 +68,7 @@ def _sse(text: str) -> list[dict[str, object]]:
 
 
 def test_chat_completion_uses_the_workload_ground_truth(base_url: str) -> None:
-    item = _item("code-01")  # drawn length 96 < max_tokens 256: stops on its own
+    item = _item("code-01")  # its length < max_tokens 256: stops on its own
     response = httpx.post(f"{base_url}/v1/chat/completions", json=item.request_body("smollm2"), timeout=30)
     assert response.status_code == 200
     assert response.headers["x-specgate-emulated"] == "true"
@@ -90,11 +90,13 @@ def test_max_tokens_cuts_the_output_with_finish_reason_length(base_url: str) -> 
     assert response["choices"][0]["finish_reason"] == "length"
 
 
-@pytest.mark.parametrize(("ignore_eos", "tokens", "finish"), [(True, 250, "length"), (False, 96, "stop")])
-def test_ignore_eos_generates_exactly_max_tokens(base_url: str, ignore_eos: bool, tokens: int, finish: str) -> None:
-    body = {**_item("code-01").request_body("smollm2"), "max_tokens": 250, "ignore_eos": ignore_eos}
+@pytest.mark.parametrize(("ignore_eos", "finish"), [(True, "length"), (False, "stop")])
+def test_ignore_eos_generates_exactly_max_tokens(base_url: str, ignore_eos: bool, finish: str) -> None:
+    item = _item("code-03")  # an edit of a pasted function: its natural length is about the function's
+    assert item.output_tokens < 100
+    body = {**item.request_body("smollm2"), "max_tokens": 250, "ignore_eos": ignore_eos}
     response = httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=30).json()
-    assert response["usage"]["completion_tokens"] == tokens  # code-01 ends by itself after 96 tokens
+    assert response["usage"]["completion_tokens"] == (250 if ignore_eos else item.output_tokens)
     assert response["choices"][0]["finish_reason"] == finish
 
 

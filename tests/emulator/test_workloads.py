@@ -1,15 +1,22 @@
-"""The shipped workloads: counts, categories, languages, hard cases, and ground truth from the drawer."""
+"""The shipped workloads: counts, categories, languages, hard cases, drawn lengths, provenance and splits."""
 
 from __future__ import annotations
 
-import statistics
+import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from backends.workloads.draw import draw_values
-from backends.workloads.loader import DATA_DIR, WorkloadError, load_category_file, load_workload, prompt_key
+from backends.workloads.draw import draw_tokens
+from backends.workloads.loader import (
+    SPLITS,
+    WorkloadError,
+    load_category_file,
+    load_split,
+    load_workload,
+    prompt_key,
+)
 
 CATEGORIES = ["chat", "code", "short", "summarization", "translation"]
 
@@ -43,13 +50,16 @@ def test_the_issue_hard_cases_are_present() -> None:
     assert len(creative_translator) >= 2
 
 
-@pytest.mark.parametrize("path", sorted(DATA_DIR.glob("*.yaml")), ids=lambda p: p.stem)
-def test_stored_ground_truth_is_what_the_category_distribution_draws(path: Path) -> None:
+SHIPPED = [path for directory in SPLITS.values() for path in sorted(directory.glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_stored_base_lengths_are_what_the_category_distribution_draws(path: Path) -> None:
     spec = load_category_file(path)
+    assert spec.provenance == "synthetic"
     for item in spec.items:
-        assert (item.acceptance, item.output_tokens) == draw_values(item, spec), item.id
-    mean = statistics.fmean(item.acceptance or 0 for item in spec.items)
-    assert mean == pytest.approx(spec.distribution.acceptance.mean, abs=0.04)
+        assert item.acceptance is None, f"{item.id}: a synthetic item's acceptance comes from its content"
+        assert item.output_tokens == draw_tokens(item, spec), item.id
 
 
 def test_ids_and_prompt_keys_are_unique() -> None:
@@ -86,3 +96,65 @@ def test_a_misspelt_item_key_fails_naming_its_path(tmp_path: Path) -> None:
     )
     with pytest.raises(WorkloadError, match=r"items\.0\.max_token"):
         load_workload([path])
+
+
+def test_the_eval_split_has_other_items_of_the_same_categories_in_both_languages() -> None:
+    dev, held_out = load_split("dev").items, load_split("eval").items
+    assert len(held_out) >= 60
+    assert sorted({item.category for item in held_out}) == CATEGORIES
+    per_language = Counter((item.category, item.language) for item in held_out)
+    assert all(per_language[(c, "en")] >= 4 and per_language[(c, "zh")] >= 4 for c in CATEGORIES)
+    assert {item.key for item in dev}.isdisjoint(item.key for item in held_out)
+    assert all(item.max_tokens < 50 for item in held_out if item.category == "short")
+
+
+def test_the_one_prompt_family_has_a_dev_and_an_eval_half() -> None:
+    halves = [load_split(name).items for name in ("one-prompt-dev", "one-prompt-eval")]
+    for items in halves:
+        assert {item.category for item in items} == {"review", "edit", "rewrite", "compose", "extract", "terse",
+                                                     "longchat"}  # fmt: skip
+        assert {item.messages[0]["content"] for item in items} == {"你是一个乐于助人的助手。"}
+        assert {item.language for item in items} == {"en", "zh"}
+        assert all(item.max_tokens >= 512 for item in items if item.category == "terse")
+        assert all(item.output_tokens <= 4 for item in items if item.category == "terse")
+        assert all(len(item.messages) >= 6 for item in items if item.category == "longchat")
+    assert {i.key for i in halves[0]}.isdisjoint(i.key for i in halves[1])
+
+
+def test_every_split_has_unique_ids_and_prompts() -> None:
+    items = [item for name in SPLITS for item in load_split(name).items]
+    assert len({item.id for item in items}) == len(items)
+    assert len({item.key for item in items}) == len(items)
+
+
+def test_an_unknown_split_is_named() -> None:
+    with pytest.raises(WorkloadError, match="no workload split 'test'"):
+        load_split("test")
+
+
+def test_a_synthetic_file_needs_a_distribution_to_draw_from(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text("category: chat\nitems:\n  - {id: a, user: hi, max_tokens: 5, output_tokens: 3}\n")
+    with pytest.raises(WorkloadError, match="distribution"):
+        load_workload([path])
+
+
+def test_a_recorded_item_needs_its_recorded_acceptance(tmp_path: Path) -> None:
+    path = tmp_path / "x.yaml"
+    item = "  - {id: a, user: hi, max_tokens: 5, output_tokens: 3}\n"
+    path.write_text(f"category: chat\nprovenance: recorded\nitems:\n{item}")
+    with pytest.raises(WorkloadError, match="no recorded acceptance"):
+        load_workload([path])
+
+
+@pytest.mark.parametrize("split", ["eval", "one-prompt-eval"])
+def test_simulate_reads_a_split_directory(split: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gateway.cli import main
+
+    out = tmp_path / "sim.json"
+    argv = ["simulate", "--profile", "h100-8b", "--loads", "0.5", "--duration", "8", "--warmup", "2",
+            "--scenarios", "", "--seeds", "1", "--jobs", "1", "--workload", str(SPLITS[split]), "--json", str(out)]
+    assert main(argv) == 0
+    assert "EMULATED" in capsys.readouterr().out
+    report = json.loads(out.read_text())["h100-8b"]
+    assert report["capacity_qps"] > 0 and report["levels"][0][0]["summaries"]

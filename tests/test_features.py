@@ -38,6 +38,13 @@ CASES = [
     ("You are a friendly assistant.", "What should I cook tonight?", "chat"),
     # the system prompt decides before the user prompt does
     ("You are a professional translator.", "Write a poem about spring.", "translation"),
+    # misfires of the keyword cues, fixed (issue 28): a compound that contains a cue, a legal term
+    (None, "讲一个关于程序员的故事", "chat"),  # 程序员 is a programmer, not a program
+    (None, "这个程序为什么会崩溃？", "code"),
+    (None, "用英文写一首关于秋天的诗", "chat"),  # writing in English is not translating
+    (None, "把这句话改成英文：我很想你", "translation"),
+    (None, "The court granted summary judgment for the defendant. What happens next?", "chat"),
+    (None, "Give me a summary of this quarterly report.", "summarization"),
 ]
 
 

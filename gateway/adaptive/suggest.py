@@ -11,7 +11,6 @@ balance, the SLO headers or the tracking of drift that ``fastest`` gives.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,19 +39,25 @@ def e2e_ms(pool: Mapping[str, Any], index: int, segment: str, tokens: float) -> 
 
 
 def speculative_up_to(view: Mapping[str, Any], segment: str) -> float | None:
-    """The grid load up to which speculative is predicted faster for ``segment`` (inf: at every load,
-    None: at none)."""
+    """The grid load up to which speculative is predicted faster for ``segment`` (None: at no load).
+
+    Only grid loads both pools were observed at count: past the last of them the curves are the model's
+    extrapolation, and a static threshold drawn from an extrapolation can send every request to one pool
+    however loaded it is. Winning at every observed load gives the first load past them."""
     pools = view["pools"]
     tokens = view["segments"].get(segment, {}).get("output_tokens_mean", 128.0)
     spec, std = pools["speculative"], pools["standard"]
     loads = [point["load"] for point in spec["by_load"]]
-    wins = [e2e_ms(spec, i, segment, tokens) < e2e_ms(std, i, segment, tokens) for i in range(len(loads))]
+    seen = [i for i in range(len(loads)) if min(p["by_load"][i].get("samples", 1) for p in (spec, std)) > 0]
+    if not seen:
+        return None
+    wins = {i: e2e_ms(spec, i, segment, tokens) < e2e_ms(std, i, segment, tokens) for i in range(seen[-1] + 1)}
     if not wins[0]:
         return None
-    for i, win in enumerate(wins):
-        if not win:
+    for i in range(seen[-1] + 1):
+        if not wins[i]:
             return float(loads[i])
-    return math.inf
+    return float(loads[seen[-1] + 1]) if seen[-1] + 1 < len(loads) else float(loads[-1])
 
 
 def suggest(view: Mapping[str, Any], base: RoutingRules) -> dict[str, Any]:
@@ -74,9 +79,8 @@ def suggest(view: Mapping[str, Any], base: RoutingRules) -> dict[str, Any]:
         limit = speculative_up_to(view, segment)
         if limit is None:
             continue
-        when: dict[str, Any] = {"task": [task]}
-        if limit != math.inf:  # and no queue there: past its batch limit a pool only queues
-            when["pools"] = {"speculative": {"running": {"lt": limit}, "waiting": {"lt": 1}}}
+        # and no queue there: past its batch limit a pool only queues, whatever the model says of the load
+        when = {"task": [task], "pools": {"speculative": {"running": {"lt": limit}, "waiting": {"lt": 1}}}}
         rules.append({"name": f"learned-{task}", "when": when, "pool": "speculative"})
     data = base.model_dump(mode="json", exclude={"rules", "adaptive", "objective"}, by_alias=True)
     data.update(rules=rules, default_pool="standard")

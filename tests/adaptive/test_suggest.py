@@ -81,3 +81,30 @@ def test_the_suggested_rules_beat_the_reference_rules_on_the_simulator(view: dic
 def test_suggest_refuses_a_model_that_has_not_seen_both_pools() -> None:
     with pytest.raises(ValueError, match="both pools"):
         suggest({"pools": {"standard": {}}, "segments": {}}, reference_rules())
+
+
+def _pool(tpots: list[float], observed: int) -> dict[str, object]:
+    grid = [0, 1, 3, 7, 15, 31, 63, 127, 255]
+    return {
+        "by_load": [
+            {"load": load, "ttft_ms": 50.0, "tpot_ms": tpot, "samples": 20.0 if i < observed else 0.0}
+            for i, (load, tpot) in enumerate(zip(grid, tpots, strict=True))
+        ],
+        "tpot_factor_by_segment": {},
+        "ttft_factor_by_prompt_tokens": {},
+    }
+
+
+def test_a_threshold_is_never_drawn_past_the_loads_the_model_observed() -> None:
+    """One noisy point at the top of the observed loads made the standard pool's extrapolated curve steep,
+    speculative 'won' at every load, and the file sent every request there with no queue guard (seed 0 of
+    the ramp above: 19.7 s against 4.8 s for the reference rules)."""
+    flat = [20.0] * 7 + [40.0, 60.0]
+    steep = [30.0] * 6 + [32.0, 52.0, 96.0]
+    view = {
+        "pools": {"speculative": _pool(flat, observed=8), "standard": _pool(steep, observed=8)},
+        "segments": {"code": {"samples": 100, "output_tokens_mean": 200.0}},
+    }
+    rules = suggest(view, reference_rules())["rules"]
+    learned = [r for r in rules if r["name"] == "learned-code"]
+    assert learned and learned[0]["when"]["pools"] == {"speculative": {"running": {"lt": 255.0}, "waiting": {"lt": 1}}}

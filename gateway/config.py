@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     connect_timeout_s: float = Field(default=5.0, gt=0)
     first_byte_timeout_s: float = Field(default=600.0, gt=0)  # until the response headers / first stream chunk
     idle_timeout_s: float = Field(default=120.0, gt=0)  # between two stream chunks
+    # Ask the pool for usage on every stream (stream_options.include_usage) and strip it where the client did not
+    # ask (gateway/stream_usage.py): every finished stream teaches exact tokens and acceptance. Off: forward as sent.
+    stream_usage: bool = True
     upstream_client: Literal["auto", "raw", "aiohttp", "httpx", "httpx-aiohttp"] = "auto"
     max_connections: int = Field(default=0, ge=0)  # per upstream host; 0 = no limit
 

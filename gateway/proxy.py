@@ -35,6 +35,7 @@ from gateway.pools import Booking, Replica
 from gateway.resume import StreamTap, plan, resume_stream
 from gateway.snapshot import Snapshot
 from gateway.state import GatewayState
+from gateway.stream_usage import UsageStrip, ask_usage
 from gateway.upstream import RawHeaders, UpstreamResponse, forwardable
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class ProxyRoute:
                 relay.allowed, relay.extra_headers = key.pools, list(admission.headers) if admission else []
             if features.stream and state.ruleset.rules.resume.streams:
                 relay.resume = plan(self.kind, features, body, state.ruleset.rules.resume)
+            if features.stream and state.settings.stream_usage:  # exact tokens from every stream: stream_usage.py
+                body, relay.strip = ask_usage(body)
             await relay.run(body, receive, send, direct_body(scope))
         finally:  # the admission back exactly once, whatever ended the request; the key's counters
             used = relay.used_tokens(features.prompt_tokens) if relay is not None else 0
@@ -128,6 +131,7 @@ class _Relay:
     generation = True  # latency histograms and learning describe generation; pass-through calls set False
     resume: StreamTap | None = None  # set for a stream that may be resumed if cut (gateway/resume.py)
     resumed = False  # a continuation was tried: the outcome is not one request's latency
+    strip: UsageStrip | None = None  # set when the gateway asked for usage the client did not: removes it
 
     def __init__(
         self,
@@ -272,10 +276,11 @@ class _Relay:
             return
         if self.resume is not None:
             first = self.resume.take(first)
+        self._count(first)
+        if self.strip is not None:
+            first = self.strip.take(first)
         await self._send_head(send, response.status, headers + _STREAM_HEADERS, first, more_body=True)
         self.ttft = time.perf_counter() - self.started
-        self.events = first.count(b"data: ")
-        self.usage = _usage_tokens(first, self.usage_key)
         loop, idle = guard.loop, self.state.settings.idle_timeout_s
         guard.deadline = loop.time() + idle
         pipe, writer = response.piper(), self._writer
@@ -283,14 +288,15 @@ class _Relay:
         try:
             if pipe is not None and writer is not None and writer.usable():
                 tail = await pipe(self._relay_direct, writer.drain)  # chunks skip the task: see gateway.direct
-                self._count(tail)
             else:
                 while chunk := await chunks():
                     guard.deadline = loop.time() + idle
                     if self.resume is not None and not (chunk := self.resume.take(chunk)):
                         continue
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     self._count(chunk)
+                    if self.strip is not None and not (chunk := self.strip.take(chunk)):
+                        continue
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except response.read_errors as exc:
             self._count_error("disconnect")
             if self.booking is not None:
@@ -301,6 +307,9 @@ class _Relay:
         guard.settle()
         if self.resume is not None:
             tail = self.resume.end(tail)
+        self._count(tail)
+        if self.strip is not None:
+            tail = self.strip.end(tail)
         await send({"type": "http.response.body", "body": tail, "more_body": False})
         self.tokens = self.usage or max(self.events - 1, 0)  # the last event is [DONE]
 
@@ -337,6 +346,8 @@ class _Relay:
         if self.resume is not None and not (chunk := self.resume.take(chunk)):
             return True  # only part of an event so far: it goes out whole, with the next read
         self._count(chunk)
+        if self.strip is not None and not (chunk := self.strip.take(chunk)):
+            return True  # held back (part of an event) or the usage event the client did not ask for
         return self._writer.write(chunk)
 
     def _count(self, chunk: bytes) -> None:

@@ -151,7 +151,10 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
         return tuple(v / capacity_qps(profile, workload) for v in qps) if qps else tuple(shares)
 
     scenario = {"scenario_share": args.scenario_load, "scenario_duration_s": args.scenario_duration}
-    return [Plan(p, workload, policies, levels(p), seeds, scenarios, **scenario, options=options) for p in profiles]
+    # each profile's drafter reads the synthetic items (recorded ones keep what the engine measured), as its
+    # emulator does (backends/emulator/core.py): a profile whose acceptance_model differs is simulated on its own truth
+    return [Plan(p, workload.with_model(p.acceptance_model), policies, levels(p), seeds, scenarios, **scenario,
+                 options=options) for p in profiles]  # fmt: skip
 
 
 @contextmanager

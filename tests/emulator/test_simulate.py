@@ -339,3 +339,22 @@ def test_myopic_is_not_a_bound_under_load() -> None:
     runs = run_policies(PROFILE, arrivals, policies, 1, include=(ADAPTIVE_WARM, MYOPIC), warm_arrivals=earlier)
     tail = {policy: summarise([r for r in results if r.index >= 400]).mean_s for policy, results in runs.items()}
     assert tail[ADAPTIVE_WARM] < 0.95 * tail[MYOPIC]
+
+
+def test_simulate_reads_the_workload_with_each_profiles_own_drafter(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A profile whose drafter fits Chinese badly is simulated on that truth, as its emulator serves it."""
+    from backends.emulator.profiles import PROFILE_DIR
+
+    text = (PROFILE_DIR / "h100-8b.yaml").read_text(encoding="utf-8")
+    weak = tmp_path / "weak-cjk.yaml"
+    weak.write_text(text.replace("name: h100-8b", "name: weak-cjk").replace("cjk: -0.15", "cjk: -3.0"), "utf-8")
+    argv = ["simulate", "--loads", "0.25", "--duration", "15", "--warmup", "2", "--scenarios", "", "--seeds", "1",
+            "--jobs", "1", "--workload", str(Path(__file__).parents[2] / "backends/workloads/data/translation.yaml")]
+    assert main([*argv, "--profile", "h100-8b", "--json", str(tmp_path / "own.json")]) == 0
+    assert main([*argv, "--profile", str(weak), "--json", str(tmp_path / "weak.json")]) == 0
+    capsys.readouterr()
+    own = json.loads((tmp_path / "own.json").read_text())["h100-8b"]
+    low = json.loads((tmp_path / "weak.json").read_text())["weak-cjk"]
+    assert low["levels"][0][0]["summaries"] != own["levels"][0][0]["summaries"]

@@ -31,13 +31,14 @@ Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], Non
 def _commands() -> list[Register]:
     # Sub-command modules register themselves here, one line each.
     from backends.emulator import cli as emulator_cli
-    from gateway import cli_backends, cli_bench, cli_copies, cli_serve
+    from gateway import cli_backends, cli_bench, cli_copies, cli_serve, cli_workloads
 
     return [
         cli_serve.register,
         cli_backends.register,
         cli_bench.register,
         cli_copies.register,
+        cli_workloads.register,
         emulator_cli.register_emulate,
         emulator_cli.register_simulate,
         emulator_cli.register_demo,

@@ -1,6 +1,7 @@
 """Shipped workloads (prompts with ground truth, in splits) and the prompt key shared by the emulator and simulator."""
 
 from backends.workloads.loader import (
+    RECORDED_SPLITS,
     SPLITS,
     Workload,
     WorkloadItem,
@@ -12,6 +13,7 @@ from backends.workloads.loader import (
 )
 
 __all__ = [
+    "RECORDED_SPLITS",
     "SPLITS",
     "Workload",
     "WorkloadItem",

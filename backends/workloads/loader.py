@@ -43,11 +43,19 @@ HERE = Path(__file__).parent
 DATA_DIR = HERE / "data"  # the development split (the workload shipped first)
 EVAL_DIR = HERE / "eval"
 FAMILY_DIR = HERE / "families" / "one-prompt"
+RECORDED_DIR = HERE / "recorded"  # measured on a real engine (backends/workloads/record.py)
 SPLITS: Mapping[str, Path] = {
     "dev": DATA_DIR,
     "eval": EVAL_DIR,
     "one-prompt-dev": FAMILY_DIR / "dev",
     "one-prompt-eval": FAMILY_DIR / "eval",
+}
+# Recordings: what the real CPU engine measured (`specgate workloads record`); ``recorded-shipped`` holds the dev
+# split's prompts, so these are kept apart from SPLITS (hand-written, drawn, prompts never shared between them).
+RECORDED_SPLITS: Mapping[str, Path] = {
+    "recorded-shipped": RECORDED_DIR / "shipped",
+    "recorded-sharegpt": RECORDED_DIR / "sharegpt",
+    "recorded-humaneval": RECORDED_DIR / "humaneval",
 }
 
 # The task each category's items have unless an item says otherwise.
@@ -94,6 +102,27 @@ class Message(_Strict):
     content: str
 
 
+class SpecMetrics(_Strict):
+    """vLLM's per-request ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics summary``)."""
+
+    mean_acceptance_length: float = Field(ge=1)
+    draft_acceptance_rate: float = Field(ge=0, le=1)
+    steps: int = Field(ge=0, description="verify steps that carried drafts")
+    drafted: int = Field(ge=0)
+    accepted: int = Field(ge=0)
+
+
+class Recording(_Strict):
+    """How a recorded file was made: the command, the engine, when, from what."""
+
+    command: str
+    date: str
+    engine: dict[str, Any]
+    source: dict[str, Any] | None = None
+    settings: dict[str, Any] = Field(default_factory=dict)
+    summary: dict[str, Any] = Field(default_factory=dict)
+
+
 class ItemSpec(_Strict):
     id: str
     max_tokens: int = Field(gt=0)
@@ -104,6 +133,14 @@ class ItemSpec(_Strict):
     hard_case: str | None = None
     acceptance: float | None = Field(default=None, gt=0, lt=1)
     output_tokens: int | None = Field(default=None, gt=0)
+    # What a recording measured besides (backends/workloads/record.py); documentation for the reader, not read.
+    origin: str | None = Field(default=None, description="the item's id in its public source")
+    finish_reason: str | None = None
+    prompt_tokens: int | None = Field(default=None, ge=0)
+    ttft_ms: float | None = Field(default=None, ge=0)
+    e2e_ms: float | None = Field(default=None, ge=0)
+    spec: SpecMetrics | None = None
+    unmeasured: str | None = Field(default=None, description="why a recorded item has no acceptance: not loaded")
 
     @model_validator(mode="after")
     def _one_form(self) -> ItemSpec:
@@ -120,6 +157,7 @@ class CategoryFile(_Strict):
     source: str | None = Field(default=None, description="how the file was made: the command, engine, date")
     task: str | None = Field(default=None, description="the items' task unless an item says otherwise")
     distribution: Distribution | None = None
+    recording: Recording | None = None
     items: list[ItemSpec]
 
     @model_validator(mode="after")
@@ -217,10 +255,11 @@ def load_workload(paths: Iterable[Path] | None = None, model: AcceptanceModel = 
 
 
 def load_split(name: str, model: AcceptanceModel = DEFAULT_MODEL) -> Workload:
-    """One of :data:`SPLITS` by name."""
-    if name not in SPLITS:
-        raise WorkloadError(f"no workload split {name!r}; shipped: {', '.join(SPLITS)}")
-    return load_workload(sorted(SPLITS[name].glob("*.yaml")), model)
+    """One of :data:`SPLITS` or :data:`RECORDED_SPLITS` by name."""
+    splits = {**SPLITS, **RECORDED_SPLITS}
+    if name not in splits:
+        raise WorkloadError(f"no workload split {name!r}; shipped: {', '.join(splits)}")
+    return load_workload(sorted(splits[name].glob("*.yaml")), model)
 
 
 def load_category_file(path: Path) -> CategoryFile:
@@ -232,7 +271,9 @@ def load_category_file(path: Path) -> CategoryFile:
 
 
 def _items(spec: CategoryFile, path: Path, model: AcceptanceModel) -> list[WorkloadItem]:
-    return [_item(spec, item, path, model) for item in spec.items]
+    """The file's items; a recorded item the engine gave no acceptance for (``unmeasured``) is left out."""
+    measured = [item for item in spec.items if not (item.unmeasured and item.acceptance is None)]
+    return [_item(spec, item, path, model) for item in measured]
 
 
 def _item(spec: CategoryFile, item: ItemSpec, path: Path, model: AcceptanceModel) -> WorkloadItem:

@@ -48,6 +48,16 @@ _PRIOR = {
 # take every report at its word and learn each item by heart.
 _NOISE = {ACCEPTANCE: (0.05, 0.005, 1.0), LENGTH: (0.5, 0.05, 9.0)}
 NOISE_RATE = 0.02  # how fast the residual variance follows
+# A reported acceptance length is the mean over the request's engine steps of (accepted drafts + 1), a number
+# from 1 to k + 1 per step whose log varies by about this much (one step, k = 5: a variance of 0.32 at a per-token
+# acceptance of 0.5, 0.45 at 0.8, plus the square of its bias): a report over few steps (a short answer) says
+# little, and its log is biased low (at 0.8 one step's log is 0.19 below the log of the mean). Set lower, the
+# residual variance absorbs the rest and short answers weigh as much as long ones again.
+# Each report's own variance is STEP_VAR / steps on top of the residual variance: a three-token answer's report
+# moves the weights a little, a 300-token one's a lot. Steps = output tokens / the acceptance length predicted
+# before the report (not the reported one: a low report would count as more steps, and weigh more, than a high
+# one from the same answer).
+STEP_VAR = 0.5
 # Both targets' shrunk weights packed in one integer per slot, so that one ``sum`` over a request's slots
 # reads both (fixed point, 1/_Q: acceptance in the low _SHIFT bits, length above; exact while the sums stay
 # within 2^31 / _Q = 32,768 in log units, far past any weight)
@@ -159,15 +169,18 @@ class Predictor:
                 del self._recent[next(iter(self._recent))]
             self._recent[key] = None
         if acceptance_length is not None and acceptance_length >= 1.0:
-            self._step(ACCEPTANCE, content, slots, math.log(acceptance_length), False, novel)
+            self._step(ACCEPTANCE, content, slots, math.log(acceptance_length), False, novel, tokens)
         if tokens > 0:
             per_sequence = tokens / max(content.sequences, 1)
             censored = per_sequence >= content.max_tokens
             self._step(LENGTH, content, slots, math.log(per_sequence), censored, novel)
 
     def _step(
-        self, target: int, content: Content, slots: tuple[int, ...], y: float, censored: bool, novel: bool
+        self, target: int, content: Content, slots: tuple[int, ...], y: float, censored: bool, novel: bool,
+        tokens: int = 0,
     ) -> None:  # fmt: skip
+        """One Kalman step towards ``y``; for acceptance, ``tokens`` (the answer's) sets the report's own
+        variance (STEP_VAR over its steps)."""
         weights, variances, shrunk = self.weights[target], self.variances[target], self.shrunk[target]
         priors, floors, acc, length = self._priors[target], self._floors[target], self.shrunk[0], self.shrunk[1]
         mean = sum(map(weights.__getitem__, slots))
@@ -181,7 +194,11 @@ class Predictor:
             sums[1] = sums[1] * keep + said * said
         var = sum(map(variances.__getitem__, slots))
         noise = self.noise[target]
-        total = var + noise
+        extra = 0.0
+        if target == ACCEPTANCE:
+            steps = tokens / math.exp(mean if mean > 0.0 else 0.0)
+            extra = STEP_VAR / steps if steps > 1.0 else STEP_VAR
+        total = var + noise + extra
         error = y - mean
         for slot in slots:
             s = variances[slot]
@@ -193,7 +210,7 @@ class Predictor:
             shrunk[slot] = w * (1.0 - s / priors[slot])
             self.packed[slot] = _pack(acc[slot], length[slot])
         _, low, high = _NOISE[target]
-        noise += NOISE_RATE * (error * error - var - noise)
+        noise += NOISE_RATE * (error * error - var - extra - noise)
         self.noise[target] = min(max(noise, low), high)
         self.seen[target] += 1.0
 

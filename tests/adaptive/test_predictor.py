@@ -169,3 +169,27 @@ def test_the_quality_report_finds_the_content_signal_and_not_a_random_one() -> N
     rng.shuffle(shuffled)
     noise = [dataclasses.replace(item, acceptance=a) for item, a in zip(items, shuffled, strict=True)]
     assert quality.evaluate(noise).gain < 0.15
+
+
+def test_a_report_over_few_steps_moves_the_prediction_less_than_one_over_many() -> None:
+    """A three-token answer's acceptance length is the mean of one or two steps: it says little."""
+    asked = content("Rewrite this paragraph in plain English, keeping every fact.")
+    short, long = Predictor(), Predictor()
+    short.observe(asked, 5.0, 5)  # one step
+    long.observe(asked, 5.0, 500)  # a hundred steps
+    said = [p.freeze().absolute(asked)["acc"] for p in (short, long)]
+    assert 0.0 < said[0] < said[1] <= math.log(5.0) + 1e-9
+
+
+def test_short_answers_noisy_reports_do_not_pull_a_segments_acceptance_down() -> None:
+    """Reports drawn as an engine makes them (the mean of each step's accepted drafts + 1): a request type
+    whose answers are short gets reports over one or two steps, whose log is often far below the truth.
+    Weighted by their steps, the prediction for that type stays near the long answers' (same acceptance)."""
+    rng, predictor, rate, k = random.Random(3), Predictor(), 0.8, 5
+    asked = content("Summarise the following notes for the team.")
+    for index in range(400):
+        tokens = 3 if index % 2 else 300  # half the answers a few tokens long
+        predictor.observe(asked, quality.reported_length(rng, rate, k, tokens), tokens)
+    predicted = math.exp(predictor.freeze().absolute(asked)["acc"])
+    truth = quality.tokens_per_step(rate, k)
+    assert abs(math.log(predicted / truth)) < 0.08, (predicted, truth)

@@ -59,6 +59,8 @@ class UsageStrip:
 
     def take(self, chunk: bytes) -> bytes:
         """What of ``chunk`` (after anything held back) goes to the client now."""
+        if not self.pending and chunk.endswith(_EVENT_END):  # the common read: whole events, nothing held
+            return self._drop(chunk) if _USAGE in chunk else chunk
         data = self.pending + chunk if self.pending else chunk
         cut = data.rfind(_EVENT_END) + 2
         if cut < 2:

@@ -34,7 +34,7 @@ CODE_EDIT = [
 
 
 def stream(url: str, **extra: Any) -> tuple[str, list[dict[str, Any]]]:
-    body = {"model": MODEL, "messages": CODE_EDIT, "max_tokens": 48, "temperature": 0, "stream": True, **extra}
+    body = {"model": MODEL, "messages": CODE_EDIT, "max_tokens": 64, "temperature": 0, "stream": True, **extra}
     response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     events = [e[6:] for e in response.content.split(b"\n\n") if e.startswith(b"data: ")]

@@ -3,9 +3,7 @@ written (they load through the loader), the shipped recordings, and one short re
 
 from __future__ import annotations
 
-import os
 import statistics
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +11,8 @@ import httpx
 import orjson
 import pytest
 
-from backends.cpu_engine import CpuEngine, CpuServer, default_cache_dir
 from backends.emulator.profiles import load_profile
 from backends.emulator.server import EmulatorApp, EmulatorConfig
-from backends.manifest import load_manifest, pool_path
 from backends.workloads.loader import (
     DATA_DIR,
     RECORDED_SPLITS,
@@ -36,14 +32,12 @@ from backends.workloads.record import (
     load_prompts,
     measure,
     per_token_acceptance,
-    record,
     request_body,
     tokens_per_step,
     write_recording,
 )
 from gateway.cli import build_parser, main
-from gateway.servers import ThreadServer, free_port
-from tests.backends.conftest import require_or_skip
+from gateway.servers import ThreadServer
 
 
 def _spec(steps: int, accepted: int, k: int = 4) -> dict[str, Any]:
@@ -213,36 +207,6 @@ def test_the_recorded_shipped_split_holds_the_dev_prompts() -> None:
 def test_the_cli_has_the_record_command() -> None:
     args = build_parser().parse_args(["workloads", "record", "--url", "http://x", "--humaneval", "--out", "o"])
     assert args.humaneval and args.url == "http://x" and args.concurrency == 3 and args.max_tokens == 256
-
-
-@pytest.fixture(scope="module")
-def speculative_cpu_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The shipped CPU speculative pool on one core (CPU 1 where there is one)."""
-    manifest = load_manifest(pool_path("speculative", cpu=True))
-    engine = CpuEngine(default_cache_dir())
-    require_or_skip(engine.missing(manifest))
-    cores = (1,) if 1 in os.sched_getaffinity(0) else ()
-    server = CpuServer(engine, manifest, free_port(), tmp_path_factory.mktemp("vllm") / "spec.log", cores)
-    server.start()
-    try:
-        server.wait_healthy(400)
-        yield server.url
-    finally:
-        server.stop()
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_three_items_recorded_on_the_real_cpu_engine(speculative_cpu_server: str, tmp_path: Path) -> None:
-    prompts = load_prompts([DATA_DIR / "code.yaml"])[:3]
-    config = RecordConfig(speculative_cpu_server, concurrency=3, max_tokens_cap=64)
-    recorded = record(prompts, config)
-    assert recorded.k == 4 and recorded.vllm_version == "0.32.0"
-    assert all(m.error is None and m.spec is not None for m in recorded.measurements)
-    paths = write_recording(recorded, config, tmp_path, "specgate workloads record (test)", {"method": "ngram"})
-    items = load_workload(paths).items
-    assert len(items) == 3
-    assert all(0 < item.acceptance <= 1 and 0 < item.output_tokens <= 64 for item in items)
 
 
 def test_the_command_against_an_emulated_engine_reads_back_its_per_token_acceptance(

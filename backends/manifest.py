@@ -25,6 +25,10 @@ examples under ``backends/pools/examples/`` and the CPU pair under ``backends/po
       draft_tensor_parallel_size: 1    # 1 or the target's tensor_parallel_size
       prompt_lookup_min: 2             # ngram only
       prompt_lookup_max: 4             # ngram only
+      num_speculative_tokens_per_batch_size:   # optional: vLLM's dynamic speculation, k by batch size
+        - [1, 16, 5]                   # [batch from, batch to, k], inclusive; the first starts at 1
+        - [17, 64, 2]                  # k <= num_speculative_tokens (the maximum)
+        - [65, 128, 0]                 # k = 0: no draft at these batch sizes
 
 Loading errors are raised as :class:`ManifestError`, whose message names the file and each bad key's dotted
 path. Checks that need files on disk (vocabulary match between target and draft) live in
@@ -38,6 +42,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from backends.spec_schedule import validate_schedule
 
 PoolName = Literal["standard", "speculative"]
 SpecMethod = Literal["draft_model", "eagle", "eagle3", "medusa", "mtp", "ngram", "suffix"]
@@ -86,6 +92,7 @@ class SpeculativeSpec(BaseModel):
     draft_tensor_parallel_size: int | None = Field(default=None, ge=1)
     prompt_lookup_min: int | None = Field(default=None, ge=1)
     prompt_lookup_max: int | None = Field(default=None, ge=1)
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
 
     @model_validator(mode="after")
     def _method_fields_agree(self) -> SpeculativeSpec:
@@ -97,6 +104,8 @@ class SpeculativeSpec(BaseModel):
         if not needs_weights and self.draft_tensor_parallel_size is not None:
             raise ValueError(f"draft_tensor_parallel_size is not used by method {self.method!r}; remove it")
         self._check_prompt_lookup()
+        if self.num_speculative_tokens_per_batch_size is not None:
+            validate_schedule(self.num_speculative_tokens_per_batch_size, self.num_speculative_tokens)
         return self
 
     def _check_prompt_lookup(self) -> None:

@@ -7,8 +7,9 @@ One source, several outputs (tests check that they agree):
     "--tensor-parallel-size", "4", ..., "--speculative-config", JSON, *extra_args]``.
     vLLM >= 0.10 gets ``--speculative-config '<json>'`` with keys ``method``, ``model`` (the draft),
     ``num_speculative_tokens``, ``draft_tensor_parallel_size``, ``prompt_lookup_min``, ``prompt_lookup_max``
-    (unset keys omitted). Older versions get the legacy flags ``--speculative-model`` (``[ngram]`` for
-    n-gram),
+    and ``num_speculative_tokens_per_batch_size`` (a list of ``[from, to, k]``, vLLM >= 0.32 only: versions
+    before it raise :class:`RenderError`) (unset keys omitted). Older versions get the legacy flags
+    ``--speculative-model`` (``[ngram]`` for n-gram),
     ``--num-speculative-tokens``, ``--speculative-draft-tensor-parallel-size``, ``--ngram-prompt-lookup-max``
     and ``--ngram-prompt-lookup-min``; methods those versions cannot express (eagle3, mtp, suffix) raise
     :class:`RenderError`.
@@ -44,7 +45,8 @@ One source, several outputs (tests check that they agree):
         model, servedModelName, tensorParallelSize, pipelineParallelSize, replicas, gpuType,
         gpuMemoryUtilization, maxModelLen, maxNumSeqs, extraArgs,
         speculative: {method, draftModel, numSpeculativeTokens, draftTensorParallelSize,
-                      promptLookupMin, promptLookupMax}     # speculative pool only
+                      promptLookupMin, promptLookupMax,     # speculative pool only
+                      numSpeculativeTokensPerBatchSize}     # only when the manifest sets it
 
     Unset optional fields are ``None`` (YAML ``null``) so a chart can tell "not set" from a value.
 """
@@ -60,6 +62,9 @@ from backends.manifest import PoolManifest, SpeculativeSpec
 
 DEFAULT_VLLM_VERSION = "0.32.0"
 SPECULATIVE_CONFIG_SINCE = (0, 10)
+# num_speculative_tokens_per_batch_size: checked in vLLM 0.32.0's source (vllm/config/speculative.py); the
+# release that introduced it is not pinned here, so earlier versions are refused rather than guessed.
+DYNAMIC_SPECULATION_SINCE = (0, 32)
 LEGACY_METHODS: frozenset[str] = frozenset({"draft_model", "eagle", "medusa", "ngram"})
 IMAGE = "vllm/vllm-openai"
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
@@ -94,6 +99,10 @@ def speculative_config(spec: SpeculativeSpec) -> dict[str, Any]:
         "prompt_lookup_min": spec.prompt_lookup_min,
     }
     config.update({key: value for key, value in optional.items() if value is not None})
+    if spec.num_speculative_tokens_per_batch_size is not None:
+        config["num_speculative_tokens_per_batch_size"] = [
+            list(entry) for entry in spec.num_speculative_tokens_per_batch_size
+        ]
     return config
 
 
@@ -115,6 +124,13 @@ def _legacy_speculative_flags(spec: SpeculativeSpec, vllm_version: str) -> list[
 
 
 def _speculative_flags(spec: SpeculativeSpec, vllm_version: str) -> list[str]:
+    if spec.num_speculative_tokens_per_batch_size is not None and (
+        parse_version(vllm_version)[:2] < DYNAMIC_SPECULATION_SINCE
+    ):
+        raise RenderError(
+            f"num_speculative_tokens_per_batch_size needs vLLM >= 0.32 (checked there); cannot render it"
+            f" for {vllm_version}"
+        )
     if uses_speculative_config(vllm_version):
         return ["--speculative-config", json.dumps(speculative_config(spec), separators=(",", ":"))]
     return _legacy_speculative_flags(spec, vllm_version)
@@ -229,4 +245,8 @@ def render_helm_values(manifest: PoolManifest) -> dict[str, Any]:
             "promptLookupMin": spec.prompt_lookup_min,
             "promptLookupMax": spec.prompt_lookup_max,
         }
+        if spec.num_speculative_tokens_per_batch_size is not None:
+            values["speculative"]["numSpeculativeTokensPerBatchSize"] = [
+                list(entry) for entry in spec.num_speculative_tokens_per_batch_size
+            ]
     return values

@@ -35,6 +35,13 @@ def register_emulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     parser.add_argument("--served-model-name", help="model name to serve (default: the profile's)")
     parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="vLLM's automatic prefix caching: a prompt's cached 16-token blocks are not prefilled again "
+        "(vLLM's default is on; the emulator's is off, so that earlier emulated figures stay as they were)",
+    )
+    parser.add_argument(
         "--server",
         choices=["asgi", "aiohttp"],
         default="asgi",
@@ -62,6 +69,7 @@ def _run_emulate(args: argparse.Namespace) -> int:
         speed=args.speed,
         seed=args.seed,
         served_model_name=args.served_model_name,
+        prefix_caching=args.enable_prefix_caching,
     )
     print(
         f"EMULATED vLLM ({config.mode}, profile {profile.name}, speed x{args.speed}, {args.server}) "

@@ -46,6 +46,10 @@ class EmulatorConfig:
     speed: float = 1.0  # run this many times faster than the profile
     seed: int = 0
     served_model_name: str | None = None
+    # vLLM's --enable-prefix-caching: hash each prompt's KV blocks and reuse the cached ones. Off by default
+    # here (vLLM's default is on) so that existing emulated figures do not move (`specgate emulate
+    # --enable-prefix-caching`).
+    prefix_caching: bool = False
 
     @property
     def model_name(self) -> str:
@@ -103,10 +107,11 @@ class EmulatorCore:
                 await task
 
     def parse(self, kind: str, raw: bytes) -> io.ParsedRequest:
+        name, max_len, blocks = self.config.model_name, self.config.profile.max_model_len, self.config.prefix_caching
         if kind == rio.RESPONSES:
-            parsed = rio.parse_responses(raw, self.config.model_name, self.config.profile.max_model_len)
+            parsed = rio.parse_responses(raw, name, max_len, blocks)
         else:
-            parsed = io.parse_request(kind, raw, self.config.model_name, self.config.profile.max_model_len)
+            parsed = io.parse_request(kind, raw, name, max_len, blocks)
         if parsed.key not in self._truth and parsed.key not in self._content:
             self._remember(parsed, _roles(kind, raw, parsed))
         return parsed
@@ -166,6 +171,7 @@ class EmulatorCore:
             output_tokens=drawn if stops_early else limit,
             acceptance=acceptance,
             finish_reason="stop" if stops_early else "length",
+            block_hashes=parsed.block_hashes,
         )
         return request, style_for(task, parsed.prompt_text)
 
@@ -216,9 +222,11 @@ def _roles(kind: str, raw: bytes, parsed: io.ParsedRequest) -> list[dict[str, An
 async def full_body(job: Job) -> bytes | None:
     """The whole response once the request finished; ``None`` when it was aborted."""
     accepted: list[int] = []
+    drafted = 0
     while (emission := await job.ticket.queue.get()) is not None:
         if emission.drafted:
             accepted.append(emission.accepted)
+            drafted += emission.draft_tokens
         if emission.finished:
             request = job.ticket.request
             text = token_text(job.style, job.parsed.continued, request.generated)
@@ -229,18 +237,19 @@ async def full_body(job: Job) -> bytes | None:
                 body = orjson.dumps(final)
                 job.store.put(job.rid, body)
                 return body
-            metrics = _metrics(job, accepted)
+            metrics = _metrics(job, accepted, drafted)
             return io.full_response(
                 job.parsed, job.rid, job.created, text, request.finish_reason, request.generated, metrics
             )
     return None
 
 
-def _metrics(job: Job, accepted: list[int]) -> dict[str, Any] | None:
+def _metrics(job: Job, accepted: list[int], drafted: int) -> dict[str, Any] | None:
     """Per-request speculative metrics, as vLLM reports them with ``--per-request-spec-decode-metrics``
-    (which the shipped speculative manifests turn on); None on a standard engine."""
+    (which the shipped speculative manifests turn on); None on a standard engine. ``drafted``: the draft
+    tokens of its steps (each step's k; fewer than ``k`` per step under a dynamic schedule)."""
     k = job.spec_k
-    return io.spec_decode_metrics(k, accepted) if k else None
+    return io.spec_decode_metrics(k, accepted, drafted) if k else None
 
 
 async def stream_events(job: Job) -> AsyncIterator[bytes]:
@@ -258,9 +267,11 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
     if parsed.kind == io.CHAT and emission is not None:
         yield io.stream_chunk(parsed, job.rid, job.created, None, None, role=True)
     accepted: list[int] = []
+    drafted = 0
     while emission is not None:
         if emission.drafted:
             accepted.append(emission.accepted)
+            drafted += emission.draft_tokens
         text = token_text(job.style, parsed.continued + produced, emission.tokens)
         produced += emission.tokens
         finish = ticket.request.finish_reason if emission.finished else None
@@ -269,7 +280,7 @@ async def stream_events(job: Job) -> AsyncIterator[bytes]:
             break
         emission = await ticket.queue.get()
     if emission is not None and parsed.include_usage:
-        yield io.usage_chunk(parsed, job.rid, job.created, produced, _metrics(job, accepted))
+        yield io.usage_chunk(parsed, job.rid, job.created, produced, _metrics(job, accepted, drafted))
     yield io.DONE
 
 

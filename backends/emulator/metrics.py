@@ -146,7 +146,11 @@ class EmulatorMetrics:
             "prompt_tokens": ("vllm:prompt_tokens", "Number of prefill tokens processed."),
             "generation_tokens": ("vllm:generation_tokens", "Number of generation tokens processed."),
             "preemptions": ("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
-        }
+            # vLLM 0.32 (vllm/v1/metrics/loggers.py): counted at a request's first admission, in tokens
+            "prefix_cache_queries": (
+                "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
+            "prefix_cache_hits": ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+        }  # fmt: skip
         return {
             field: Counter(name, doc, _LABELS, registry=registry).labels(**labels)
             for field, (name, doc) in specs.items()

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from backends.emulator.prompt_blocks import chat_blocks, completion_blocks
 from backends.workloads.loader import content_text, count_prompt_tokens, count_tokens, prompt_key
 
 CHAT = "chat"
@@ -47,18 +48,27 @@ class ParsedRequest:
     # A chat that continues its final assistant message (``continue_final_message``): the tokens that message
     # holds. The answer goes on from there, as a model carries on from the last token of its prompt.
     continued: int = 0
+    # The prompt's KV block hashes (prompt_blocks.py) when the engine caches prefixes; None when it does not.
+    block_hashes: tuple[int, ...] | None = None
 
 
-def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) -> ParsedRequest:
+def parse_request(
+    kind: str, raw: bytes, served_model: str, max_model_len: int, prefix_blocks: bool = False
+) -> ParsedRequest:
+    """Validate a chat or completion body; ``prefix_blocks``: also hash the prompt's KV blocks."""
     body = json_object(raw)
     model = body.get("model", served_model)
     if model != served_model:
         raise RequestError(404, f"The model `{model}` does not exist.", "model")
+    hashes = None
     if kind == CHAT:
         key, text, prompt_tokens, continued = _chat_prompt(body)
+        if prefix_blocks:
+            hashes = chat_blocks(_messages(body), _flag(body, "continue_final_message", False))
     else:
         prompt = _prompt(body)
         key, text, prompt_tokens, continued = prompt_key(prompt), prompt, count_tokens(prompt) + 1, 0
+        hashes = completion_blocks(prompt) if prefix_blocks else None
     max_tokens = _max_tokens(body)
     if prompt_tokens + (max_tokens or 1) > max_model_len:
         raise RequestError(
@@ -73,7 +83,7 @@ def parse_request(kind: str, raw: bytes, served_model: str, max_model_len: int) 
         raise RequestError(400, "the emulator serves n=1 only", "n")
     ignore_eos = _flag(body, "ignore_eos", False)
     return ParsedRequest(
-        kind, str(model), key, text, prompt_tokens, max_tokens, stream, include_usage, ignore_eos, continued
+        kind, str(model), key, text, prompt_tokens, max_tokens, stream, include_usage, ignore_eos, continued, hashes
     )
 
 
@@ -166,21 +176,23 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def spec_decode_metrics(k: int, accepted_per_step: list[int]) -> dict[str, Any]:
-    """vLLM 0.32's per-request ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics summary``)."""
+def spec_decode_metrics(k: int, accepted_per_step: list[int], drafted: int | None = None) -> dict[str, Any]:
+    """vLLM 0.32's per-request ``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics summary``).
+    ``drafted``: the draft tokens of those steps when they are not ``k`` each (a dynamic schedule)."""
     steps = len(accepted_per_step)
     accepted = sum(accepted_per_step)
+    drafted = steps * k if drafted is None else drafted
     histogram = [0] * (k + 1)
     for count in accepted_per_step:
         histogram[count] += 1
     return {
         "speculative_decoding": {
             "mean_acceptance_length": round(1 + accepted / steps, 4) if steps else 1.0,
-            "draft_acceptance_rate": round(accepted / (steps * k), 4) if steps else 0.0,
+            "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
             "acceptance_histogram": histogram,
             "num_spec_steps": steps,
             "num_accepted_draft_tokens": accepted,
-            "num_draft_tokens": steps * k,
+            "num_draft_tokens": drafted,
             "num_spec_tokens": k,
         }
     }

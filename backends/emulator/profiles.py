@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from backends.emulator.acceptance import AcceptanceModel
+from backends.spec_schedule import Schedule, k_for_batch, validate_schedule
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 
@@ -40,6 +41,30 @@ class SpeculativeConfig(_Strict):
     acceptance_scale: float = Field(
         default=1.0, gt=0, le=1.5, description="multiplies the workload's acceptance for this drafter"
     )
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = Field(
+        default=None,
+        description="vLLM's dynamic speculation: [batch from, batch to, k] entries (k = 0 drafts nothing; "
+        "k at most num_speculative_tokens); the engine drafts the k of its running batch size at each step",
+    )
+
+    @field_validator("num_speculative_tokens_per_batch_size")
+    @classmethod
+    def _sorted(cls, table: Schedule | None) -> Schedule | None:
+        return None if table is None else tuple(sorted(table))
+
+    @model_validator(mode="after")
+    def _schedule_is_vllms(self) -> SpeculativeConfig:
+        table = self.num_speculative_tokens_per_batch_size
+        if table is not None:
+            validate_schedule(table, self.num_speculative_tokens)
+        return self
+
+    def k_at(self, batch: int) -> int:
+        """Draft tokens per step at ``batch`` running requests: the table's k, else ``num_speculative_tokens``."""
+        table = self.num_speculative_tokens_per_batch_size
+        if table is None:
+            return self.num_speculative_tokens
+        return k_for_batch(table, batch, self.num_speculative_tokens)
 
 
 class OutputLength(_Strict):

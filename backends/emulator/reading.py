@@ -44,6 +44,11 @@ def count_tokens(text: str) -> int:
     return len(_TOKEN.findall(text))
 
 
+def split_tokens(text: str) -> list[str]:
+    """The tokens :func:`count_tokens` counts, in order (the emulator's prefix cache hashes them)."""
+    return _TOKEN.findall(text)
+
+
 
 # --- what the instruction asks: a verb at the head of a clause ---------------------------------------------
 

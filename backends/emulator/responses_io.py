@@ -17,13 +17,14 @@ from typing import Any
 import orjson
 
 from backends.emulator import openai_io as io
+from backends.emulator.prompt_blocks import chat_blocks
 from backends.workloads.loader import content_text, count_prompt_tokens, prompt_key
 
 RESPONSES = "responses"
 STORE_LIMIT = 1024  # responses kept for GET /v1/responses/{id}, oldest dropped first
 
 
-def parse_responses(raw: bytes, served_model: str, max_model_len: int) -> io.ParsedRequest:
+def parse_responses(raw: bytes, served_model: str, max_model_len: int, prefix_blocks: bool = False) -> io.ParsedRequest:
     body = io.json_object(raw)
     model = body.get("model", served_model)
     if model != served_model:
@@ -39,7 +40,10 @@ def parse_responses(raw: bytes, served_model: str, max_model_len: int) -> io.Par
     if not isinstance(stream, bool):
         raise io.RequestError(400, "'stream' must be a boolean", "stream")
     text = "\n".join(content_text(m.get("content")) for m in messages)
-    return io.ParsedRequest(RESPONSES, str(model), prompt_key(messages), text, prompt_tokens, max_tokens, stream, True)
+    hashes = chat_blocks(messages) if prefix_blocks else None
+    return io.ParsedRequest(
+        RESPONSES, str(model), prompt_key(messages), text, prompt_tokens, max_tokens, stream, True, block_hashes=hashes
+    )
 
 
 def _messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -13,6 +13,13 @@ and then delivers the tokens.
   ``B * (k + 1)`` tokens through ``t_step``. Each request then gains ``1 + accepted`` tokens, ``accepted``
   drawn from its own per-token acceptance rate (geometric, truncated at ``k``), so the expected tokens per
   step are ``(1 - a^(k+1)) / (1 - a)``.
+- Dynamic speculation (vLLM's ``num_speculative_tokens_per_batch_size``, in the profile's speculative block):
+  each step drafts the ``k`` of its batch size (running requests, prefills included). A step at ``k = 0``
+  drafts nothing and decodes as a plain engine would, but is not free: the drafter still runs, so the whole
+  step takes ``1 + zero_k_overhead(B)`` times a plain engine's (see :func:`zero_k_overhead`).
+- Prefix caching (``prefix_cache.py``): a request that carries its prompt's block hashes prefills only the
+  part not already cached; its blocks are shared with the other running requests and kept, once free, in LRU
+  order in the KV space the running requests leave. A request without block hashes (``None``) caches nothing.
 
 "Acceptance" here is the per-token acceptance probability of Leviathan et al. (the ``a`` above). vLLM's
 ``accepted / drafted`` counters, which the emulator's /metrics reports, come out lower: ``(E(a) - 1) / k``.
@@ -20,11 +27,19 @@ and then delivers the tokens.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from backends.emulator.prefix_cache import BLOCK_SIZE, PrefixCache
 from backends.emulator.profiles import Profile
+
+# The cost of having speculation configured while it drafts nothing (k = 0), against an engine with no
+# speculative config: vLLM issue #49548 (comment of 2026-08-24; vLLM 0.27.1, H100 NVL, Gemma-4-31B FP8 with a
+# drafter, a k = 0 dynamic schedule, 400-token context): TPOT 14.374 -> 15.317 ms (+6.56 %) at concurrency 2,
+# 77.164 -> 93.820 ms (+21.58 %) at concurrency 189, zero draft tokens in both. (batch, extra share of a step)
+ZERO_K_OVERHEAD: tuple[tuple[int, float], tuple[int, float]] = ((2, 0.0656), (189, 0.2158))
 
 
 def expected_tokens_per_step(acceptance: float, k: int) -> float:
@@ -37,6 +52,18 @@ def expected_tokens_per_step(acceptance: float, k: int) -> float:
 def draft_acceptance_rate(acceptance: float, k: int) -> float:
     """vLLM's accepted / drafted tokens for a per-token acceptance ``a``."""
     return (expected_tokens_per_step(acceptance, k) - 1.0) / k
+
+
+def zero_k_overhead(batch: int) -> float:
+    """Extra share of a step's time when a speculative engine runs ``k = 0`` with ``batch`` requests: the two
+    measured points of :data:`ZERO_K_OVERHEAD`, interpolated in log batch size and held flat outside them."""
+    (low_batch, low), (high_batch, high) = ZERO_K_OVERHEAD
+    if batch <= low_batch:
+        return low
+    if batch >= high_batch:
+        return high
+    weight = math.log(batch / low_batch) / math.log(high_batch / low_batch)
+    return low + weight * (high - low)
 
 
 def draw_accepted(rng: random.Random, acceptance: float, k: int) -> int:
@@ -56,7 +83,17 @@ class TimingModel:
 
     @property
     def k(self) -> int:
+        """The most draft tokens a step can carry (vLLM's ``num_speculative_tokens``)."""
         return self.profile.speculative.num_speculative_tokens
+
+    @property
+    def dynamic(self) -> bool:
+        """A speculative engine whose k follows its batch size (and can be 0)."""
+        return self.speculative and self.profile.speculative.num_speculative_tokens_per_batch_size is not None
+
+    def k_for(self, batch: int) -> int:
+        """Draft tokens per request in a step of ``batch`` scheduled requests; 0 on a standard engine."""
+        return self.profile.speculative.k_at(batch) if self.speculative else 0
 
     def forward_s(self, tokens: int) -> float:
         step = self.profile.step
@@ -67,10 +104,13 @@ class TimingModel:
         if decoding == 0 and prefill_requests == 0:
             return 0.0
         prefill_s = self.profile.step.prefill_s_per_token * prefill_tokens
-        if not self.speculative or decoding == 0:
-            return self.forward_s(decoding + prefill_requests) + prefill_s
-        draft_s = self.k * self.profile.speculative.draft_cost_ratio * self.forward_s(decoding)
-        verify_s = self.forward_s(decoding * (self.k + 1) + prefill_requests)
+        batch = decoding + prefill_requests
+        k = self.k_for(batch)
+        if k == 0 or decoding == 0:
+            plain = self.forward_s(batch) + prefill_s
+            return plain * (1.0 + zero_k_overhead(batch)) if k == 0 and self.dynamic else plain
+        draft_s = k * self.profile.speculative.draft_cost_ratio * self.forward_s(decoding)
+        verify_s = self.forward_s(decoding * (k + 1) + prefill_requests)
         return draft_s + verify_s + prefill_s
 
     def effective_acceptance(self, workload_acceptance: float) -> float:
@@ -79,7 +119,8 @@ class TimingModel:
 
     def time_per_output_token_s(self, batch: int, acceptance: float) -> float:
         """Steady-state decode time per output token with ``batch`` requests decoding together."""
-        tokens = expected_tokens_per_step(self.effective_acceptance(acceptance), self.k) if self.speculative else 1
+        k = self.k_for(batch)
+        tokens = expected_tokens_per_step(self.effective_acceptance(acceptance), k) if k else 1
         return self.step_s(batch) / tokens
 
 
@@ -95,6 +136,12 @@ class EngineRequest:
     generated: int = 0
     needs_prefill: bool = True
     aborted: bool = False
+    # Chained hashes of the prompt's full KV blocks (prefix_cache.chain_hashes); None: no prefix information,
+    # nothing looked up or cached (every caller that predates the prefix cache).
+    block_hashes: tuple[int, ...] | None = None
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was last admitted
+    held_blocks: int = 0  # its blocks pinned in the prefix cache while it runs
+    queried: bool = False  # counted as a prefix-cache query (at its first admission, as vLLM counts)
 
     @property
     def kv_tokens(self) -> int:
@@ -114,6 +161,7 @@ class Emission:
     drafted: bool  # a speculative verification ran for it (not its prefill step)
     accepted: int  # accepted draft tokens (0 when not drafted)
     finished: bool
+    draft_tokens: int = 0  # tokens drafted for it this step (the step's k; 0 when not drafted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +169,7 @@ class StepOutcome:
     duration_s: float
     emissions: tuple[Emission, ...]
     batch_tokens: int
-    prefill_tokens: int
+    prefill_tokens: int  # prompt tokens computed this step (those found in the prefix cache are not)
     preempted: int
 
 
@@ -136,6 +184,8 @@ class EngineCounters:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     preemptions: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up (vLLM: at a request's first admission)
+    prefix_cache_hits: int = 0  # of those, tokens found cached
     accepted_per_position: list[int] = field(default_factory=list)
 
 
@@ -148,6 +198,7 @@ class Engine:
         self._waiting: deque[EngineRequest] = deque()
         self._running: list[EngineRequest] = []
         self.counters = EngineCounters(accepted_per_position=[0] * model.k)
+        self.cache = PrefixCache()
 
     @property
     def num_running(self) -> int:
@@ -170,8 +221,13 @@ class Engine:
 
     @property
     def kv_usage(self) -> float:
-        used = sum(request.kv_tokens for request in self._running)
-        return min(1.0, used / self.model.profile.kv_capacity_tokens)
+        """Share of the KV cache the running requests hold (free cached blocks count as free, as in vLLM)."""
+        return min(1.0, self._used_tokens() / self.model.profile.kv_capacity_tokens)
+
+    def _used_tokens(self) -> int:
+        """KV tokens the running requests hold: their own, with the blocks they share counted once."""
+        own = sum(request.kv_tokens - BLOCK_SIZE * request.held_blocks for request in self._running)
+        return own + BLOCK_SIZE * self.cache.pinned_blocks
 
     def add(self, request: EngineRequest) -> None:
         if request.prompt_tokens + 1 > self.model.profile.kv_capacity_tokens:
@@ -183,6 +239,7 @@ class Engine:
         request.aborted = True
         if request in self._running:
             self._running.remove(request)
+            self._stop_using(request)
         elif request in self._waiting:
             self._waiting.remove(request)
 
@@ -191,63 +248,115 @@ class Engine:
         self._admit()
         prefilling = [request for request in self._running if request.needs_prefill]
         decoding = [request for request in self._running if not request.needs_prefill]
-        prefill_tokens = sum(request.kv_tokens for request in prefilling)
+        prompt_tokens = sum(request.kv_tokens for request in prefilling)
+        prefill_tokens = prompt_tokens - sum(request.cached_tokens for request in prefilling)
+        k = self.model.k_for(len(self._running))
         duration = self.model.step_s(len(decoding), len(prefilling), prefill_tokens)
         emissions = [self._prefill(request) for request in prefilling]
-        emissions.extend(self._decode(request) for request in decoding)
-        self._running = [request for request in self._running if not request.finished]
+        emissions.extend(self._decode(request, k) for request in decoding)
+        self._retire()
         preempted = self._preempt_overflow()
-        self._count(emissions, prefill_tokens, preempted)
-        batch_tokens = len(decoding) * (self.model.k + 1 if self.model.speculative else 1)
+        self._count(emissions, prompt_tokens, preempted)
+        batch_tokens = len(decoding) * (k + 1)
         return StepOutcome(duration, tuple(emissions), batch_tokens + len(prefilling), prefill_tokens, preempted)
 
     def _admit(self) -> None:
         limit = self.model.profile.max_num_seqs
         capacity = self.model.profile.kv_capacity_tokens
-        used = sum(request.kv_tokens for request in self._running)
+        used = self._used_tokens()
         while self._waiting and len(self._running) < limit:
             candidate = self._waiting[0]
-            if self._running and used + candidate.kv_tokens + 1 > capacity:
+            blocks = _blocks_of(candidate)
+            shared = BLOCK_SIZE * self.cache.pinned_among(blocks) if blocks else 0  # held by running requests
+            need = candidate.kv_tokens + 1 - shared
+            if self._running and used + need > capacity:
                 break  # (an empty engine always takes the head, so no request can wait forever)
             self._running.append(self._waiting.popleft())
-            used += candidate.kv_tokens + 1
+            used += need
+            if candidate.block_hashes is not None:
+                self._start_using(candidate, blocks)
+                self._evict_to_fit(used)
+
+    def _start_using(self, request: EngineRequest, blocks: tuple[int, ...]) -> None:
+        """Look the admitted request's prompt up in the prefix cache, count the query, pin its blocks. As in
+        vLLM, the last prompt token is always computed (its logits give the first output token)."""
+        hit = self.cache.lookup(blocks, (request.kv_tokens - 1) // BLOCK_SIZE)
+        request.cached_tokens = BLOCK_SIZE * hit
+        if not request.queried:  # a preempted request's second lookup is not counted
+            request.queried = True
+            self.counters.prefix_cache_queries += request.prompt_tokens
+            self.counters.prefix_cache_hits += request.cached_tokens
+        self.cache.acquire(blocks)
+        request.held_blocks = len(blocks)
+
+    def _stop_using(self, request: EngineRequest) -> None:
+        if request.held_blocks:
+            self.cache.release(_blocks_of(request)[: request.held_blocks])
+            request.held_blocks = 0
+
+    def _evict_to_fit(self, used: int) -> None:
+        """Evict free cached blocks (LRU) until they fit beside ``used`` running tokens."""
+        excess = used + BLOCK_SIZE * self.cache.free_blocks - self.model.profile.kv_capacity_tokens
+        if excess > 0:
+            self.cache.evict(-(-excess // BLOCK_SIZE))
+
+    def _retire(self) -> None:
+        running = []
+        for request in self._running:
+            if not request.finished:
+                running.append(request)
+            elif request.held_blocks:
+                self._stop_using(request)
+        self._running = running
 
     def _prefill(self, request: EngineRequest) -> Emission:
         request.needs_prefill = False
         request.generated += 1
         return Emission(request, 1, drafted=False, accepted=0, finished=request.finished)
 
-    def _decode(self, request: EngineRequest) -> Emission:
+    def _decode(self, request: EngineRequest, k: int) -> Emission:
         accepted = 0
-        if self.model.speculative:
+        if k:
             acceptance = self.model.effective_acceptance(request.acceptance)
-            accepted = draw_accepted(self._rng, acceptance, self.model.k)
+            accepted = draw_accepted(self._rng, acceptance, k)
         remaining = request.output_tokens - request.generated
         tokens = min(1 + accepted, remaining)
         request.generated += tokens
-        return Emission(request, tokens, self.model.speculative, accepted, request.finished)
+        return Emission(request, tokens, k > 0, accepted, request.finished, k)
 
     def _preempt_overflow(self) -> int:
+        """Make room for grown sequences: evict free cached blocks first, then preempt the newest requests."""
         capacity = self.model.profile.kv_capacity_tokens
         preempted = 0
-        while len(self._running) > 1 and sum(r.kv_tokens for r in self._running) > capacity:
+        used = self._used_tokens()
+        self._evict_to_fit(used)
+        while len(self._running) > 1 and used > capacity:
             victim = self._running.pop()
+            self._stop_using(victim)
             victim.needs_prefill = True
             self._waiting.appendleft(victim)
             preempted += 1
+            used = self._used_tokens()
+        self._evict_to_fit(used)
         return preempted
 
-    def _count(self, emissions: list[Emission], prefill_tokens: int, preempted: int) -> None:
+    def _count(self, emissions: list[Emission], prompt_tokens: int, preempted: int) -> None:
         counters = self.counters
         counters.steps += 1
-        counters.prompt_tokens += prefill_tokens
+        counters.prompt_tokens += prompt_tokens  # vLLM counts cached prompt tokens here too
         for emission in emissions:
             counters.generation_tokens += emission.tokens
             if not emission.drafted:
                 continue
             counters.drafts += 1
-            counters.draft_tokens += self.model.k
+            counters.draft_tokens += emission.draft_tokens
             counters.accepted_tokens += emission.accepted
             for position in range(emission.accepted):
                 counters.accepted_per_position[position] += 1
         counters.preemptions += preempted
+
+
+def _blocks_of(request: EngineRequest) -> tuple[int, ...]:
+    """The request's block hashes that its prompt fills (a caller may send more than the prompt holds)."""
+    hashes = request.block_hashes
+    return hashes[: request.prompt_tokens // BLOCK_SIZE] if hashes else ()

@@ -152,3 +152,26 @@ def test_resolve_manifest_maps_pool_names_and_passes_paths() -> None:
     assert resolve_manifest("standard") == pool_path("standard")
     assert resolve_manifest("speculative", cpu=True) == pool_path("speculative", cpu=True)
     assert resolve_manifest("some/file.yaml") == Path("some/file.yaml")
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ([[2, 16, 3]], "must start at 1"),
+        ([[1, 16, 3], [10, 32, 1]], "overlap"),
+        ([[1, 16, 6]], "between 0 and num_speculative_tokens"),
+    ],
+    ids=["not-from-1", "overlap", "k-above-max"],
+)
+def test_a_bad_per_batch_size_k_table_is_refused_naming_the_key(
+    write_manifest: Callable[[dict[str, Any]], Path], table: list[list[int]], message: str
+) -> None:
+    data = _set(SPECULATIVE, "speculative.num_speculative_tokens_per_batch_size", table)
+    with pytest.raises(ManifestError, match=f"\n  speculative: .*{message}"):
+        load_manifest(write_manifest(data))
+
+
+def test_the_dynamic_example_loads_with_its_table() -> None:
+    spec = load_manifest(pool_path("standard").parent / "examples" / "dynamic-eagle3-llama8b.yaml").speculative
+    assert spec is not None and spec.num_speculative_tokens_per_batch_size is not None
+    assert spec.num_speculative_tokens_per_batch_size[-1] == (97, 128, 0)

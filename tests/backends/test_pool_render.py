@@ -190,3 +190,28 @@ def test_parse_version(text: str, parsed: tuple[int, int, int], json_config: boo
 def test_parse_version_rejects_garbage(text: str) -> None:
     with pytest.raises(RenderError, match="not a vLLM version"):
         parse_version(text)
+
+
+DYNAMIC = pool_path("standard").parent / "examples" / "dynamic-eagle3-llama8b.yaml"
+
+
+def test_a_per_batch_size_k_table_goes_into_the_speculative_config_json() -> None:
+    manifest = load_manifest(DYNAMIC)
+    config = json.loads(str(flag_value(render_argv(manifest), "--speculative-config")))
+    assert config["num_speculative_tokens_per_batch_size"] == [[1, 16, 3], [17, 48, 2], [49, 96, 1], [97, 128, 0]]
+    assert config["num_speculative_tokens"] == 3
+    helm = render_helm_values(manifest)["speculative"]
+    assert helm["numSpeculativeTokensPerBatchSize"] == config["num_speculative_tokens_per_batch_size"]
+
+
+def test_a_manifest_without_a_table_renders_no_table_key() -> None:
+    manifest = load_manifest(pool_path("speculative"))
+    assert "num_speculative_tokens_per_batch_size" not in json.loads(
+        str(flag_value(render_argv(manifest), "--speculative-config")))  # fmt: skip
+    assert "numSpeculativeTokensPerBatchSize" not in render_helm_values(manifest)["speculative"]
+
+
+@pytest.mark.parametrize("version", ["0.9.2", "0.20.0"])
+def test_a_k_table_is_refused_for_vllm_before_0_32(version: str) -> None:
+    with pytest.raises(RenderError, match=r"needs vLLM >= 0\.32"):
+        render_argv(load_manifest(DYNAMIC), version)

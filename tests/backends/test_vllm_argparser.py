@@ -47,6 +47,14 @@ def serve_argv(manifest: PoolManifest, version: str = "0.32.0") -> list[str]:
     return render_argv(manifest, version)[1:]  # the parser is `vllm`'s; drop the program name
 
 
+def dynamic_cpu_manifest(cpu_engine: CpuEngine) -> PoolManifest:
+    """The CPU speculative pool with a per-batch-size k table (k = 0 past 4 requests), on the local model."""
+    manifest = load_manifest(pool_path("speculative", cpu=True))
+    assert manifest.speculative is not None
+    spec = manifest.speculative.model_copy(update={"num_speculative_tokens_per_batch_size": [(1, 4, 4), (5, 16, 0)]})
+    return manifest.model_copy(update={"model": str(cpu_engine.model_dir(manifest)), "speculative": spec})
+
+
 def all_cases(cpu_engine: CpuEngine) -> dict[str, dict[str, Any]]:
     cases = {f"current:{i}": {"argv": serve_argv(load_manifest(p))} for i, p in zip(IDS, SHIPPED, strict=True)}
     for pool in ("standard", "speculative"):
@@ -56,6 +64,7 @@ def all_cases(cpu_engine: CpuEngine) -> dict[str, dict[str, Any]]:
     for example in ("llama70b-draft8b.yaml", "ngram-qwen14b-tp2.yaml"):
         manifest = load_manifest(pool_path("standard").parent / "examples" / example)
         cases[f"legacy:{example}"] = {"argv": serve_argv(manifest, "0.9.2")}
+    cases["engine:dynamic"] = {"argv": serve_argv(dynamic_cpu_manifest(cpu_engine)), "engine_config": True}
     cpu_model = str(cpu_engine.model_dir(load_manifest(pool_path("standard", cpu=True))))
     bad_draft_tp = {"method": "draft_model", "model": cpu_model, "num_speculative_tokens": 3,
                     "draft_tensor_parallel_size": 2}
@@ -92,6 +101,15 @@ def test_cpu_pair_builds_a_full_engine_config(pool: str, parse: Any, cpu_engine:
     result = parse(all_cases(cpu_engine))[f"engine:{pool}"]
     assert result["accepted"], result
     assert result["parsed"]["enforce_eager"] is True
+
+
+def test_a_per_batch_size_k_table_builds_a_full_engine_config(parse: Any, cpu_engine: CpuEngine) -> None:
+    result = parse(all_cases(cpu_engine))["engine:dynamic"]
+    assert result["accepted"], result
+    spec = dynamic_cpu_manifest(cpu_engine).speculative
+    assert spec is not None
+    assert result["parsed"]["speculative_config"] == speculative_config(spec)
+    assert result["parsed"]["speculative_config"]["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 16, 0]]
 
 
 @pytest.mark.parametrize("example", ["llama70b-draft8b.yaml", "ngram-qwen14b-tp2.yaml"])

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.deploy.conftest import CHART_DIR, load_documents, run_tool
+from backends.manifest import load_manifest
+from backends.render import render_helm_values, speculative_config
+from tests.deploy.conftest import CHART_DIR, REPO_ROOT, load_documents, run_tool
 
 pytestmark = pytest.mark.tools
 
@@ -342,3 +344,16 @@ def test_keys_admin_token_and_pool_keys_come_from_secrets(render: Render) -> Non
     test_pod = by_kind(docs, "Pod")["rel-specgate-test-request"]["spec"]["containers"][0]
     assert test_pod["env"][0]["valueFrom"]["secretKeyRef"] == {"name": "specgate-test-key", "key": "api-key"}
     assert not any("value" in e for e in env.values() if "KEY" in e["name"] and e["name"] != "SPECGATE_KEYS_FILE")
+
+
+def test_a_per_batch_size_k_table_reaches_the_speculative_config(render: Render, tmp_path: Path) -> None:
+    """The dynamic example manifest's Helm values render to the same --speculative-config as its argv."""
+    manifest = load_manifest(REPO_ROOT / "backends/pools/examples/dynamic-eagle3-llama8b.yaml")
+    assert manifest.speculative is not None
+    values = tmp_path / "dynamic-values.yaml"
+    values.write_text(yaml.safe_dump({"pools": {"speculative": render_helm_values(manifest)}}))
+    for deployment in pool_deployments(render("-f", str(values)), "speculative"):
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        config = json.loads(str(flag_value(args, "--speculative-config")))
+        assert config == speculative_config(manifest.speculative)
+        assert config["num_speculative_tokens_per_batch_size"][-1] == [97, 128, 0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backends.emulator.aiohttp_server import build_aiohttp_app
 from backends.emulator.core import EmulatorCore
+from backends.emulator.prefix_cache import BLOCK_SIZE
 from backends.emulator.profiles import load_profile
+from backends.emulator.prompt_blocks import chat_blocks
 from backends.emulator.server import EmulatorApp, EmulatorConfig
 from backends.emulator.timing import TimingModel, draft_acceptance_rate
 from backends.workloads.loader import WorkloadItem, count_prompt_tokens, count_tokens, load_workload
@@ -365,3 +368,56 @@ def test_the_gateway_metrics_parser_reads_the_emulator(base_url: str) -> None:
     mean_truth = statistics.fmean(item.acceptance for item in items)
     expected = draft_acceptance_rate(model.effective_acceptance(mean_truth), model.k)
     assert acceptance.rate == pytest.approx(expected, abs=0.08)
+
+
+def _common_blocks(one: tuple[int, ...], other: tuple[int, ...]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(one, other, strict=False)) if a != b), min(len(one), len(other)))
+
+
+def test_prefix_cache_counters_on_metrics_follow_a_shared_system_prompt_and_a_conversation() -> None:
+    config = dataclasses.replace(_config(False), prefix_caching=True)
+    system = {"role": "system", "content": "You answer questions about the shipping policy of Acme Ltd. " * 5}
+    first = [system, {"role": "user", "content": "How long does a refund take? Please be precise."}]
+    other = [system, {"role": "user", "content": "Can I change the delivery address after ordering?"}]
+    with ThreadServer(EmulatorApp(config, WORKLOAD)) as server:
+        url, usage = server.url, []
+
+        def ask(messages: list[dict[str, str]]) -> str:
+            body = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 12}, timeout=30)
+            usage.append(body.json()["usage"]["prompt_tokens"])
+            return str(body.json()["choices"][0]["message"]["content"])
+
+        answer = ask(first)
+        ask(other)
+        follow_up = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "And for EU?"}]
+        ask(follow_up)
+        text = httpx.get(f"{url}/metrics").text
+    shared = _common_blocks(chat_blocks(first), chat_blocks(other))
+    turn = _common_blocks(chat_blocks(first), chat_blocks(follow_up))
+    assert 0 < shared < len(chat_blocks(other)) and turn == len(chat_blocks(first))
+    assert _sample(text, "vllm:prefix_cache_queries_total") == sum(usage)
+    assert _sample(text, "vllm:prefix_cache_hits_total") == BLOCK_SIZE * (shared + turn)
+
+
+def test_without_prefix_caching_the_counters_are_there_and_stay_at_zero(base_url: str) -> None:
+    for _ in range(2):
+        httpx.post(f"{base_url}/v1/chat/completions", json=_item("sum-01").request_body("smollm2"), timeout=30)
+    text = httpx.get(f"{base_url}/metrics").text
+    assert _sample(text, "vllm:prefix_cache_queries_total") == _sample(text, "vllm:prefix_cache_hits_total") == 0
+
+
+@pytest.mark.parametrize(("table", "k"), [(((1, 256, 2),), 2), (((1, 1, 0), (2, 256, 4)), 0)], ids=["k2", "k0"])
+def test_a_dynamic_engine_reports_the_drafts_of_its_steps(table: tuple[tuple[int, int, int], ...], k: int) -> None:
+    profile = load_profile("cpu-smollm2")
+    spec = profile.speculative.model_copy(update={"num_speculative_tokens_per_batch_size": table})
+    config = dataclasses.replace(_config(True), profile=profile.model_copy(update={"speculative": spec}))
+    with ThreadServer(EmulatorApp(config, WORKLOAD)) as server:
+        body = httpx.post(f"{server.url}/v1/chat/completions", json=_item("code-03").request_body("smollm2"),
+                          timeout=30).json()  # fmt: skip
+        text = httpx.get(f"{server.url}/metrics").text
+    metrics = body["metrics"]["speculative_decoding"]
+    assert metrics["num_spec_tokens"] == 4  # num_speculative_tokens, the maximum
+    assert metrics["num_draft_tokens"] == k * metrics["num_spec_steps"]
+    assert _sample(text, "vllm:spec_decode_num_draft_tokens_total") == k * _sample(
+        text, "vllm:spec_decode_num_drafts_total")  # fmt: skip
+    assert (metrics["num_spec_steps"] > 0) == (k > 0)

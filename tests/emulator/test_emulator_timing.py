@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
+from pathlib import Path
 
 import pytest
+import yaml
 
-from backends.emulator.profiles import Profile, load_profile
+from backends.emulator.profiles import PROFILE_DIR, Profile, SpeculativeConfig, load_profile
 from backends.emulator.timing import (
     Engine,
     EngineRequest,
@@ -14,6 +17,7 @@ from backends.emulator.timing import (
     draft_acceptance_rate,
     draw_accepted,
     expected_tokens_per_step,
+    zero_k_overhead,
 )
 
 
@@ -143,3 +147,129 @@ def test_speculative_counters_are_consistent() -> None:
 def test_prefill_cost_grows_with_the_prompt() -> None:
     model = TimingModel(load_profile("a100-70b-draft"), False)
     assert model.step_s(0, 1, 2000) - model.step_s(0, 1, 0) == pytest.approx(0.2)
+
+
+def _golden_run(model: TimingModel) -> tuple[str, int, int, int, int, int, int, int, int]:
+    engine = Engine(model, random.Random(11))
+    rng = random.Random(5)
+    total, steps, tokens = 0.0, 0, 0
+    for index in range(60):
+        prompt, output = rng.randint(20, 900), rng.randint(1, 400)
+        engine.add(EngineRequest(str(index), prompt_tokens=prompt, output_tokens=output, acceptance=rng.random()))
+        while index % 3 == 0 or (index == 59 and engine.has_work):
+            outcome = engine.step()
+            total, steps, tokens = total + outcome.duration_s, steps + 1, tokens + outcome.batch_tokens
+            if index != 59:
+                break
+    c = engine.counters
+    return (repr(total), steps, tokens, c.prompt_tokens, c.generation_tokens, c.drafts, c.draft_tokens,
+            c.accepted_tokens, c.preemptions)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("speculative", "expected"),
+    [
+        (False, ("30.8775000000004", 916, 10977, 33975, 10977, 0, 0, 0, 19)),
+        (True, ("27.1784000000004", 522, 34767, 37034, 10977, 5781, 28905, 5182, 21)),
+    ],
+    ids=["standard", "speculative"],
+)
+def test_without_prefix_info_or_a_table_every_figure_is_as_before(speculative: bool, expected: tuple) -> None:
+    """Golden figures computed with the engine as it was before the prefix cache and dynamic speculation
+    (commit c0fbc36): a loaded run with KV preemptions, to the last digit."""
+    profile = _small(load_profile("a100-70b-draft"), kv_capacity_tokens=9000, max_num_seqs=24)
+    assert _golden_run(TimingModel(profile, speculative)) == expected
+
+
+# --- dynamic speculation (num_speculative_tokens_per_batch_size) ---------------------------------------------
+
+TABLE = ((1, 2, 5), (3, 8, 2), (9, 256, 0))
+
+
+def _dynamic(table: tuple[tuple[int, int, int], ...] = TABLE) -> TimingModel:
+    profile = load_profile("a100-70b-draft")
+    spec = profile.speculative.model_copy(update={"num_speculative_tokens_per_batch_size": table})
+    return TimingModel(_small(profile, speculative=spec), True)
+
+
+def test_the_table_picks_k_by_batch_size_as_vllm_does() -> None:
+    model = _dynamic(((1, 2, 5), (5, 8, 2), (20, 30, 4)))  # a gap at 3-4 and 9-19, a tail past 30
+    batches = (1, 2, 3, 4, 5, 8, 19, 20, 30, 31, 500)
+    assert [model.k_for(batch) for batch in batches] == [5, 5, 5, 5, 2, 2, 2, 4, 4, 4, 4]
+    assert TimingModel(load_profile("a100-70b-draft"), False).k_for(1) == 0
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16, 64, 256])
+def test_a_step_with_k_from_the_table_costs_what_a_static_engine_with_that_k_costs(batch: int) -> None:
+    dynamic = _dynamic()
+    k = dynamic.k_for(batch)
+    if k == 0:
+        return
+    profile = load_profile("a100-70b-draft")
+    static = TimingModel(_small(profile, speculative=profile.speculative.model_copy(
+        update={"num_speculative_tokens": k})), True)  # fmt: skip
+    assert dynamic.step_s(batch) == static.step_s(batch)
+
+
+@pytest.mark.parametrize("batch", [9, 16, 64, 189, 256])
+def test_k_zero_is_a_plain_step_plus_the_measured_overhead(batch: int) -> None:
+    plain = TimingModel(load_profile("a100-70b-draft"), False)
+    dynamic = _dynamic()
+    assert dynamic.k_for(batch) == 0
+    assert dynamic.step_s(batch) == pytest.approx(plain.step_s(batch) * (1 + zero_k_overhead(batch)))
+    assert dynamic.time_per_output_token_s(batch, 0.9) > plain.time_per_output_token_s(batch, 0.9)
+
+
+def test_the_k_zero_overhead_is_the_issues_two_points_interpolated_in_log_batch() -> None:
+    assert zero_k_overhead(1) == zero_k_overhead(2) == pytest.approx(0.0656)
+    assert zero_k_overhead(189) == zero_k_overhead(4096) == pytest.approx(0.2158)
+    middle = round(math.sqrt(2 * 189))  # 19: halfway in log batch size
+    assert zero_k_overhead(middle) == pytest.approx((0.0656 + 0.2158) / 2, abs=0.002)
+    values = [zero_k_overhead(batch) for batch in range(1, 300)]
+    assert values == sorted(values)
+
+
+def test_dynamic_counters_stay_consistent_and_k_zero_steps_draft_nothing() -> None:
+    engine = Engine(_dynamic(), random.Random(4))
+    drafted_by_step: list[int] = []
+    for index in range(12):
+        engine.add(EngineRequest(str(index), prompt_tokens=30, output_tokens=60 + 20 * index, acceptance=0.8))
+    while engine.has_work:
+        batch = engine.num_running + min(engine.num_waiting, engine.model.profile.max_num_seqs)
+        outcome = engine.step()
+        drafted = [e.draft_tokens for e in outcome.emissions if e.drafted]
+        assert set(drafted) <= {engine.model.k_for(batch)}
+        assert all(e.accepted == 0 for e in outcome.emissions if not e.drafted)
+        drafted_by_step.append(sum(drafted))
+    counters = engine.counters
+    assert counters.draft_tokens == sum(drafted_by_step)
+    assert counters.accepted_tokens == sum(counters.accepted_per_position) <= counters.draft_tokens
+    assert drafted_by_step[1:20] == [0] * 19  # 12 running: k = 0, nothing drafted
+    assert drafted_by_step[-1] == 5  # the last request alone: k = 5
+    assert 2 * counters.drafts < counters.draft_tokens < 5 * counters.drafts  # k = 2 and k = 5 steps
+
+
+@pytest.mark.parametrize(
+    ("table", "error"),
+    [
+        (((2, 8, 3),), "must start at 1"),
+        (((1, 8, 3), (8, 16, 2)), "overlap"),
+        (((1, 8, 6),), "between 0 and num_speculative_tokens"),
+        (((1, 8, 2), (12, 10, 1)), "start must be <= end"),
+    ],
+    ids=["no-start-at-1", "overlap", "k-above-max", "reversed"],
+)
+def test_a_profile_with_a_table_vllm_would_refuse_does_not_load(table: tuple, error: str) -> None:
+    spec = load_profile("a100-70b-draft").speculative.model_dump()
+    with pytest.raises(ValueError, match=error):
+        SpeculativeConfig.model_validate({**spec, "num_speculative_tokens_per_batch_size": table})
+
+
+def test_a_profile_table_loads_from_yaml_sorted(tmp_path: Path) -> None:
+    data = yaml.safe_load((PROFILE_DIR / "a100-70b-draft.yaml").read_text())
+    data["speculative"]["num_speculative_tokens_per_batch_size"] = [[9, 256, 0], [1, 8, 3]]
+    path = tmp_path / "dynamic.yaml"
+    path.write_text(yaml.safe_dump(data))
+    spec = load_profile(path).speculative
+    assert spec.num_speculative_tokens_per_batch_size == ((1, 8, 3), (9, 256, 0))
+    assert (spec.k_at(8), spec.k_at(9)) == (3, 0)

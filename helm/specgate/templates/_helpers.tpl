@@ -56,7 +56,8 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The speculative pool's --speculative-config JSON, keys in the renderer's order (backends/render.py):
-method, model, num_speculative_tokens, draft_tensor_parallel_size, prompt_lookup_max, prompt_lookup_min.
+method, model, num_speculative_tokens, draft_tensor_parallel_size, prompt_lookup_max, prompt_lookup_min,
+num_speculative_tokens_per_batch_size (vLLM's dynamic speculation, only when set).
 Fields the method does not use are left out (values merged over the defaults may still carry them).
 */}}
 {{- define "specgate.speculativeConfig" -}}
@@ -76,6 +77,9 @@ Fields the method does not use are left out (values merged over the defaults may
 {{- if not (kindIs "invalid" .promptLookupMin) -}}
 {{- $parts = append $parts (printf "\"prompt_lookup_min\":%d" (int .promptLookupMin)) -}}
 {{- end -}}
+{{- end -}}
+{{- if .numSpeculativeTokensPerBatchSize -}}
+{{- $parts = append $parts (printf "\"num_speculative_tokens_per_batch_size\":%s" (toJson .numSpeculativeTokensPerBatchSize)) -}}
 {{- end -}}
 {{- printf "{%s}" (join "," $parts) -}}
 {{- end -}}

@@ -28,6 +28,7 @@ class Decision:
     explored: bool = False  # sent to the other pool to keep its model current
     learning: bool = False  # the rules route by the model: the outcome is worth learning from
     load: float = 0.0  # the chosen pool's load as the decision saw it (what the outcome is learned against)
+    other_load: float = 0.0  # the other pool's, likewise (what a cross term is learned against)
 
     @property
     def predicted(self) -> Prediction | None:
@@ -80,11 +81,14 @@ def _checked(
         alternative = other_pool(pool)
         if snapshot.pool(alternative).available:
             pool, reason, fallback = alternative, f"{reason}; fallback: {pool} unavailable", True
-    load = 0.0
-    if learning:  # the chosen pool's load was read once already, for its prediction
+    load = other_load = 0.0
+    if learning:  # both pools' loads were read once already, for their predictions
         predicted = prediction_for(predictions, pool)
         load = predicted.load - extra if predicted is not None else pool_load(snapshot, pool)
-    return Decision(pool, reason, rule, fallback, predictions, explored, learning, load)
+        alternative = other_pool(pool)
+        predicted = prediction_for(predictions, alternative)
+        other_load = predicted.load - extra if predicted is not None else pool_load(snapshot, alternative)
+    return Decision(pool, reason, rule, fallback, predictions, explored, learning, load, other_load)
 
 
 def matches(when: When, features: RequestFeatures, snapshot: Snapshot) -> bool:

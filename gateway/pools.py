@@ -29,10 +29,11 @@ class LoadClock:
     """One pool's in-flight count (this gateway's bookings) integrated over time, in request-seconds: what a
     request's booking reads at its start and end gives the mean load the pool ran at while it was served."""
 
-    __slots__ = ("area", "at", "count")
+    __slots__ = ("area", "at", "busy", "count")
 
     def __init__(self, at: float | None = None) -> None:
         self.area = 0.0
+        self.busy = 0.0  # seconds with at least one request on the pool
         self.at = time.perf_counter() if at is None else at
         self.count = 0
 
@@ -41,7 +42,9 @@ class LoadClock:
         the count moves by ``change``."""
         if now is None:
             now = time.perf_counter()
-        self.area += self.count * (now - self.at)
+        if self.count:
+            self.area += self.count * (now - self.at)
+            self.busy += now - self.at
         self.at = now
         self.count += change
         return self.area, now
@@ -50,6 +53,18 @@ class LoadClock:
         """One more request on the pool, from ``now``: :meth:`LoadSpan.end` takes it off again."""
         area, at = self.move(1, now)
         return LoadSpan(self, area, at, self.count)
+
+    def mark(self, now: float | None = None) -> tuple[float, float]:
+        """The busy time up to ``now`` and ``now``: :meth:`busy_since` reads how busy the pool was from here.
+        (Read without moving the clock: the load integral stays exactly what the bookings make it.)"""
+        if now is None:
+            now = time.perf_counter()
+        return self.busy + (now - self.at if self.count else 0.0), now
+
+    def busy_since(self, mark: tuple[float, float], now: float | None = None) -> float | None:
+        """The share of the time since ``mark`` that the pool had a request (None when no time passed)."""
+        busy, now = self.mark(now)
+        return (busy - mark[0]) / (now - mark[1]) if now > mark[1] else None
 
 
 class LoadSpan:
@@ -79,6 +94,7 @@ class Replica:
     models: tuple[str, ...] = ()
     policy: BreakerPolicy = field(default_factory=BreakerPolicy)
     clock: LoadClock = field(default_factory=LoadClock)  # the pool's, shared by its replicas (PoolSet.configure)
+    other_clock: LoadClock | None = None  # the other pool's (PoolSet.configure): how busy it was meanwhile
     host: str = field(init=False)
     breaker: CircuitBreaker = field(init=False)
 
@@ -128,9 +144,10 @@ class Booking:
     included) averaged above what it was just after this booking, over the booking's life. The learner adds
     it to the load the decision saw, to learn time per token against the load a request ran at rather than
     the load it arrived at (a pool that filled up behind it, as in a warm-up, would otherwise teach that a
-    low load is slow)."""
+    low load is slow). ``other_busy``: the share of its life the other pool had one of this gateway's
+    requests (what a cross term is learned against, on pools that share hardware)."""
 
-    __slots__ = ("_span", "probe", "released", "replica", "run_shift", "tokens")
+    __slots__ = ("_mark", "_span", "other_busy", "probe", "released", "replica", "run_shift", "tokens")
 
     def __init__(self, replica: Replica, tokens: int, probe: bool = False) -> None:
         self.replica = replica
@@ -138,12 +155,18 @@ class Booking:
         self.probe = probe  # the half-open breaker's one trial request
         self.released = False
         self.run_shift: float | None = None
+        self.other_busy: float | None = None
         self._span = replica.clock.begin()
+        other = replica.other_clock
+        self._mark = other.mark(self._span.at) if other is not None else None
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self.run_shift = self._span.end()
+            other, mark = self.replica.other_clock, self._mark
+            if other is not None and mark is not None:
+                self.other_busy = other.busy_since(mark, self._span.clock.at)
             self.replica._unbook(self.tokens, self.probe)
 
 
@@ -190,6 +213,7 @@ class PoolSet:
             replicas = [known.get(url) or Replica(url, name, self._metrics, policy=self._breaker) for url in wanted]
             for replica in replicas:
                 replica.clock = self._clocks[name]
+                replica.other_clock = self._clocks[other_pool(name)]
             self.pools[name] = Pool(name, replicas, self._rng)
 
     def replicas(self) -> list[Replica]:

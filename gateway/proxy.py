@@ -400,9 +400,11 @@ class _Relay:
         metrics.observe_latency(self.pool, self.ttft, total, tpot)
         # a retry ran at a load nobody saw; a resumed stream's time includes the cut
         if self.decision.learning and self.pool == self.decision.pool and not self.resumed:
-            shift = self.booking.run_shift if self.booking is not None else None
+            booking = self.booking
+            shift, other = (booking.run_shift, booking.other_busy) if booking is not None else (None, None)
             self.state.learn(self.features, self.decision, self.ttft, total, self.tokens, self.objective,
-                             counted=self.usage is not None, acceptance=self.acceptance, run_shift=shift)  # fmt: skip
+                             counted=self.usage is not None, acceptance=self.acceptance, run_shift=shift,
+                             other_busy=other)  # fmt: skip
 
 
 def _is_event_stream(headers: RawHeaders) -> bool:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from gateway.adaptive.content import content_of
-from gateway.adaptive.learner import Learner, Observation
+from gateway.adaptive.learner import Learner, Observation, other_busy_share
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.adaptive.policy import is_warm
 from gateway.adaptive.shared import ModelSync
@@ -156,6 +156,7 @@ class GatewayState:
     def learn(
         self, features: RequestFeatures, decision: Decision, ttft: float, total: float, tokens: int, objective: str,
         *, counted: bool = True, acceptance: float | None = None, run_shift: float | None = None,
+        other_busy: float | None = None,
     ) -> None:  # fmt: skip
         """One finished request's outcome: queued for the learner, which takes the queue in order at the next
         snapshot refresh (decisions only ever see the model as of a refresh, so they see the same model as if
@@ -189,9 +190,11 @@ class GatewayState:
         # the load it ran at: the decision's, moved as this gateway's bookings on the pool moved while it ran
         # (scaled, as pool_load scales them, by the gateway replicas sharing the pool)
         run_load = None if run_shift is None else max(decision.load + self.snapshot.gateways * run_shift, 0.0)
+        other = other_busy_share(other_busy, decision.other_load, self.snapshot.gateways)
         self._pending.append(Observation(
             decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
             at_s=time.monotonic(), run_load=run_load, template=features.template, content=content_of(features),
+            other_busy=other,
         ))  # fmt: skip
         predicted = decision.predicted
         if predicted is not None:

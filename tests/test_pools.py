@@ -171,3 +171,31 @@ def test_each_pool_keeps_its_own_load_clock(monkeypatch: pytest.MonkeyPatch) -> 
     pools.configure({"standard": ["http://a:1", "http://b:1"], "speculative": ["http://s:1"]})
     a, b = pools.pools["standard"].replicas
     assert a.clock is b.clock is not pools.pools["speculative"].replicas[0].clock
+
+
+def test_a_booking_learns_how_busy_the_other_pool_was_while_it_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Booked on the speculative pool from t=0 to t=4; the standard pool has requests from t=1 to t=2 and from
+    t=1.5 to t=3 (overlapping: busy from 1 to 3): busy half of its life. Its own pool's load is not counted."""
+    clock = _Clock()
+    monkeypatch.setattr("gateway.pools.time.perf_counter", clock)
+    pools = make(["http://a:1"], ["http://s:1"])
+    mine = pools.acquire("speculative", 10)
+    neighbour = pools.acquire("speculative", 10)  # its own pool busy too: not what other_busy reads
+    clock.now += 1
+    first = pools.acquire("standard", 10)
+    clock.now += 0.5
+    second = pools.acquire("standard", 10)
+    clock.now += 0.5
+    first.release()
+    assert first.other_busy == pytest.approx(1.0)  # the speculative pool had work all along
+    clock.now += 1
+    second.release()
+    clock.now += 1
+    mine.release()
+    neighbour.release()
+    assert mine.other_busy == pytest.approx(0.5)
+    assert mine.run_shift == pytest.approx(1.0)  # its own pool: the neighbour, booked just after it
+    lone = pools.acquire("standard", 10)
+    clock.now += 1
+    lone.release()
+    assert lone.other_busy == pytest.approx(0.0)

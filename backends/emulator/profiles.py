@@ -91,6 +91,11 @@ class Profile(_Strict):
         default_factory=AcceptanceModel, description="how this drafter's acceptance follows content"
     )
     output_length: OutputLength
+    shared_hardware: float = Field(
+        default=0.0, ge=0, le=4,
+        description="both pools on one device: while the other pool's engines have work, each step of an engine "
+        "takes (1 + this x their busy share) as long (the simulator; 0: separate GPUs)",
+    )  # fmt: skip
     targets: dict[str, str] = Field(default_factory=dict, description="the calibration targets, as prose")
 
     @model_validator(mode="after")

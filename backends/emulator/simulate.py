@@ -41,14 +41,14 @@ from backends.emulator.profiles import Profile
 from backends.emulator.telemetry import FULL, Telemetry, estimated_tokens, has_usage, usage_draw
 from backends.emulator.timing import Engine, EngineRequest, StepOutcome, TimingModel, expected_tokens_per_step
 from backends.workloads.loader import WorkloadItem
-from gateway.adaptive.learner import Learner, Observation
+from gateway.adaptive.learner import Learner, Observation, other_busy_share
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.decide import decide
 from gateway.features import RequestFeatures
 from gateway.pools import LoadClock, LoadSpan
 from gateway.qps import LocalQps
 from gateway.rules import RoutingRules
-from gateway.snapshot import POOL_NAMES, SPECULATIVE, STANDARD, PoolSnapshot, Snapshot
+from gateway.snapshot import POOL_NAMES, SPECULATIVE, STANDARD, PoolSnapshot, Snapshot, other_pool
 
 ALWAYS_STANDARD = "always-standard"
 ALWAYS_SPECULATIVE = "always-speculative"
@@ -98,9 +98,9 @@ class _Replica:
     outcome: StepOutcome | None = None
     inflight: int = 0
 
-    def start_step(self, now: float) -> None:
+    def start_step(self, now: float, slowdown: float = 1.0) -> None:
         self.outcome = self.engine.step()
-        self.step_end_s = now + self.outcome.duration_s
+        self.step_end_s = now + self.outcome.duration_s * slowdown
 
 
 @dataclass(eq=False)
@@ -111,6 +111,8 @@ class _Progress:
     load: float
     explored: bool
     request: EngineRequest
+    other_load: float | None  # the other pool's load as the decision saw it (None: not read)
+    other_mark: tuple[float, float]  # the other pool's load clock as the request began (LoadClock.mark)
     span: LoadSpan  # its time on the pool's load clock, as a gateway booking keeps it
     gateway: int = 0  # the gateway replica that routed it
     first_token_s: float | None = None
@@ -227,11 +229,12 @@ class Simulation:
         output_tokens = min(item.output_tokens, item.max_tokens)
         if self.myopic:
             replica = self._myopic(item.prompt_tokens, float(output_tokens), arrival.acceptance)
-            reason, load, explored = MYOPIC, 0.0, False
+            reason, load, explored, other_load = MYOPIC, 0.0, False, None
         else:
             decision = decide(self._features(arrival, output_tokens), self._snapshot(now, gateway), self.rules)
             replica = min(self._replicas[decision.pool], key=lambda r: r.inflight)
             reason, load, explored = decision.reason, decision.load, decision.explored
+            other_load = decision.other_load if decision.learning else None
         request = EngineRequest(
             request_id=str(arrival.index),
             prompt_tokens=item.prompt_tokens,
@@ -242,10 +245,12 @@ class Simulation:
         replica.engine.add(request)
         replica.inflight += 1
         self._own[gateway][replica.pool] += 1
-        span = self._clocks[gateway][replica.pool].begin(now)
-        live[request] = _Progress(arrival, replica, reason, load, explored, request, span, gateway)
+        clocks = self._clocks[gateway]
+        span = clocks[replica.pool].begin(now)
+        mark = clocks[other_pool(replica.pool)].mark(now)
+        live[request] = _Progress(arrival, replica, reason, load, explored, request, other_load, mark, span, gateway)
         if replica.outcome is None:
-            replica.start_step(now)
+            self._start_step(replica, now)
 
     def _features(self, arrival: Arrival, output_tokens: int) -> RequestFeatures:
         """The request's features as ``decide()`` reads them: with its truth for ``perfect-predictor`` (the
@@ -296,7 +301,18 @@ class Simulation:
                 results.append(self._result(progress, now, progress.span.end(now)))
         replica.outcome, replica.step_end_s = None, math.inf
         if replica.engine.has_work:
+            self._start_step(replica, now)
+
+    def _start_step(self, replica: _Replica, now: float) -> None:
+        """The replica's next step; on hardware shared with the other pool (``Profile.shared_hardware``), slower
+        by that share for the other pool's replicas that have work as the step starts."""
+        shared = self.profile.shared_hardware
+        if not shared:
             replica.start_step(now)
+            return
+        others = self._replicas[other_pool(replica.pool)]
+        busy = sum(1 for other in others if other.engine.has_work) / len(others)
+        replica.start_step(now, 1.0 + shared * busy)
 
     def _result(self, progress: _Progress, finished_s: float, run_shift: float | None) -> RequestResult:
         arrival = progress.arrival
@@ -341,6 +357,10 @@ class Simulation:
         return Observation(
             result.pool, segment, features.prompt_tokens, load, seen_ttft, result.latency_s, tokens, acceptance,
             finished_s, run_load, features.template, features.content,
+            other_busy_share(
+                self._clocks[progress.gateway][other_pool(result.pool)].busy_since(progress.other_mark, finished_s),
+                progress.other_load, gateways,
+            ),
         )  # fmt: skip
 
 

@@ -40,6 +40,13 @@ def load_position(load: float) -> float:
     return min(max(math.log2(1.0 + max(load, 0.0)), 0.0), NODES - 1.0)
 
 
+def busy(load: float) -> float:
+    """How busy a pool is for the pools that share its hardware: ``log2(1 + load)`` up to 1 (one request). An
+    engine with any work steps all the time and takes its share of the device; more requests make its steps
+    longer, not more frequent, which the other pool feels far less than the first."""
+    return math.log2(1.0 + load) if 0.0 < load < 1.0 else 1.0 if load >= 1.0 else 0.0
+
+
 def prompt_bin(prompt_tokens: int) -> int:
     return bisect_right(PROMPT_BINS, prompt_tokens)
 
@@ -86,6 +93,8 @@ class Offset:
 _NO_OFFSET = Offset(0.0, 0.0)
 _NO_SHIFT = (0.0, 1.0, 0.0, SHRINK)  # a segment the pool has no offset for: PoolModel.tpot_shift's default
 _TOP = NODES - 1.0
+_OTHER = {"standard": "speculative", "speculative": "standard"}  # as gateway.snapshot.other_pool (no import
+# cycle: the snapshot module imports this one)
 _BIN1, _BIN2, _BIN3 = PROMPT_BINS  # prompt_bin, inlined in LatencyModel.predict
 
 
@@ -107,6 +116,8 @@ class PoolModel:
     slope: float = 0.0  # log tpot per unit of a request's predicted log acceptance length over its segment's
     acceptance_mean: float | None = None  # mean log acceptance length the curve is read around (None: unreported)
     acceptance_max: float = 0.0  # the largest acceptance length reported (k + 1 at most: the draft length's floor)
+    cross: float = 0.0  # log tpot when the other pool is busy (gateway.adaptive.model.busy): shared hardware; else 0
+    cross_fit: tuple[float, float, float] | None = None  # what it was read from: estimate, its standard error, spread
     # derived in __post_init__ (a model is built every model refresh, read by every request)
     has_ttft: bool = field(init=False, default=False)  # a stream was seen: the first token's time is known
     ttft_shift: Mapping[int, float] = field(init=False, default_factory=dict)  # shrunk offsets by prompt bin
@@ -254,14 +265,16 @@ class LatencyModel:
     def predict(
         self, pool: str, segment: str, prompt_tokens: int, max_tokens: int, load: float, objective: str = "e2e",
         externality: float = 1.0, tokens: tuple[float, float] | None = None, template: str | None = None,
-        content: float = 0.0, log_acceptance: float | None = None,
+        content: float = 0.0, log_acceptance: float | None = None, other_load: float = 0.0,
     ) -> Prediction | None:  # fmt: skip
         """The pool's predicted latency for one request at ``load``, or None for a pool never observed.
         ``tokens``: :meth:`expected_tokens` for the request, when the caller has it already (both pools').
         ``template``: :func:`template_key` of the request's system-prompt template, whose learned offset (shrunk
         by its samples) adds to the segment's. ``content``: the request's predicted log acceptance length over
         its segment's (times the pool's slope). ``log_acceptance``: the request's true log acceptance length,
-        when known: on a pool that reports acceptance it replaces the segment's, template's and content's."""
+        when known: on a pool that reports acceptance it replaces the segment's, template's and content's.
+        ``other_load``: the other pool's load, read through this pool's cross term (0 on separate hardware) and
+        the other pool's (what this request adds to the delay of the requests there)."""
         found = self.pools.get(pool)
         if found is None:
             return None
@@ -290,6 +303,10 @@ class LatencyModel:
             if extra:
                 shift += extra
                 exp_shift = math.exp(shift)
+        cross = found.cross
+        if cross:  # the pool slows while the other, on the same hardware, is busy
+            shift += cross * busy(other_load)
+            exp_shift = math.exp(shift)
         tpot_values, tpot_weights = found.tpot.values, found.tpot.weights
         tpot = math.exp(tpot_values[i] * g + tpot_values[i + 1] * f + shift)
         tpot_w = tpot_weights[i] * g + tpot_weights[i + 1] * f
@@ -312,6 +329,11 @@ class LatencyModel:
             slopes = found.added_slope
             slope = slopes[i] * g + slopes[i + 1] * f
             cost = e2e + slope * exp_shift * expected * load * externality
+            other = self.pools.get(_OTHER.get(pool, ""))
+            if other is not None and other.cross and other_load > 0 and load < 1.0:
+                # each request on the other pool runs slower, by its cross term times what this request adds to
+                # this pool's busyness (from idle: all of it), for as long as this one runs
+                cost += other.cross * (busy(load + 1.0) - busy(load)) * other_load * e2e * externality
             samples = min(tpot_w, seg_weight, token_samples)
         sigma = math.sqrt(var * (1.0 / (weight + 1.0) + 1.0 / (found.samples + 1.0)))
         return Prediction(pool, ttft, e2e, tpot, expected, load, value, sigma, samples, cost)

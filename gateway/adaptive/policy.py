@@ -90,10 +90,10 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
         tokens = (float(min(output, features.max_tokens)), math.inf)
         shift = 0.0
     out = []
-    for name, load in zip(POOL_NAMES, loads, strict=True):
+    for name, load, other_load in zip(POOL_NAMES, loads, loads[::-1], strict=True):
         prediction = model.predict(
             name, segment, prompt, features.max_tokens, load, objective, externality, tokens, template, shift,
-            log_acceptance,
+            log_acceptance, other_load,
         )  # fmt: skip
         if prediction is not None:
             out.append(prediction)

@@ -81,6 +81,13 @@ def _pool_view(pool: PoolModel, now_s: float) -> dict[str, Any]:
         # log tpot per unit of a request's predicted log acceptance length over its segment's (about -1 where
         # the pool reports acceptance, 0 where acceptance does not change its speed)
         "content_slope": round(pool.slope, 3),
+        # time per token while the other pool has work, over while it is idle: pools that share hardware (1.0
+        # until the data show it clearly)
+        "tpot_factor_while_other_busy": round(math.exp(pool.cross), 3),
+        "while_other_busy_fit": None if pool.cross_fit is None else {
+            "log_factor": round(pool.cross_fit[0], 3), "standard_error": round(pool.cross_fit[1], 3),
+            "spread": round(pool.cross_fit[2], 1),
+        },
     }
 
 

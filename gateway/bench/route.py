@@ -66,6 +66,9 @@ class RouteResult:
     outcomes: dict[tuple[int, str], list[Outcome]] = field(default_factory=dict)
     learned_after: int | None = None
     model: str = ""
+    # per pool: its learned time-per-token factor while the other pool is busy (shared hardware; 1.0: none seen)
+    while_other_busy: dict[str, float] = field(default_factory=dict)
+    while_other_busy_fit: dict[str, Any] = field(default_factory=dict)  # what each was read from (None: no spread)
 
     def mean(self, concurrency: int, phase: str, category: str | None = None) -> float:
         chosen = [o.latency_s for o in self.outcomes[concurrency, phase] if category in (None, o.item.category)]
@@ -151,6 +154,9 @@ async def _drive(config: RouteConfig, adaptive_url: str, rules_url: str, result:
                     result.outcomes.setdefault((concurrency, phase), []).extend(outcomes)
         view = (await client.get(f"{adaptive_url}/v1/route/model")).json()
         result.learned_after = view.get("warm_after")
+        pools = view.get("pools") or {}
+        result.while_other_busy = {name: pool.get("tpot_factor_while_other_busy", 1.0) for name, pool in pools.items()}
+        result.while_other_busy_fit = {name: pool.get("while_other_busy_fit") for name, pool in pools.items()}
 
 
 def bench_route(config: RouteConfig) -> RouteResult:
@@ -185,12 +191,19 @@ def report(result: RouteResult, console: Console) -> None:
         + (f"{result.learned_after} finished requests" if result.learned_after is not None else "more than ran")
         + " (pinned phases included); before that the reference rules decided (warm-up)"
     )
+    if result.while_other_busy:
+        console.print(
+            "learned: time per token while the other pool has work, over while it is idle (shared hardware): "
+            + ", ".join(f"{name} {factor:.2f}x" for name, factor in sorted(result.while_other_busy.items()))
+        )
 
 
 def to_json(result: RouteResult) -> dict[str, Any]:
     return {
         "model": result.model,
         "learned_after": result.learned_after,
+        "while_other_busy": result.while_other_busy,
+        "while_other_busy_fit": result.while_other_busy_fit,
         "levels": {
             str(c): {phase: result.mean(c, phase) for phase in PHASES}
             for c in sorted({c for c, _ in result.outcomes})

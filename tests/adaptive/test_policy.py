@@ -13,7 +13,7 @@ from gateway.adaptive.policy import MEMO_LIMIT, predictions, unseen_share
 from gateway.decide import decide
 from gateway.features import RequestFeatures
 from gateway.rules import default_rules, parse_rules
-from gateway.snapshot import SPECULATIVE, STANDARD, PoolSnapshot, Snapshot, pool_load
+from gateway.snapshot import SPECULATIVE, STANDARD, PoolSnapshot, Snapshot, other_pool, pool_load
 
 RULES = default_rules()  # pins, then `fastest`, then the reference rules as the warm-up policy
 
@@ -259,6 +259,7 @@ def test_the_decision_learns_against_the_chosen_pools_load_without_the_requests_
         decision = decide(dataclasses.replace(feats("chat"), n=n), snapshot, RULES)
         assert decision.rule == "learned"
         assert decision.load == pool_load(snapshot, decision.pool)
+        assert decision.other_load == pool_load(snapshot, other_pool(decision.pool))  # what a cross term reads
         assert decision.predicted is not None and decision.predicted.load == decision.load + n - 1
     down = dataclasses.replace(snap(model, 0, 5), pools={
         STANDARD: PoolSnapshot(STANDARD, 1, 1, running=5, waiting=0),

@@ -3,8 +3,11 @@ where learning at once would have left it."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.adaptive.learner import Learner, Observation
@@ -125,3 +128,20 @@ def test_past_learn_max_per_s_a_refresh_takes_only_its_share() -> None:
     state.refresh_snapshot()
     assert state.learner.observations == 20  # each refresh opens a new share
     assert registry.get_sample_value("specgate_unlearned_requests_total") == 30
+
+
+def test_what_the_other_pool_was_doing_reaches_the_learner() -> None:
+    """A lone gateway learns from its bookings' clock; without one (no booking) from the decision's read of
+    the other pool, through ``busy``; with several gateways at least what the decision saw."""
+    state = _state()
+    features = RequestFeatures("m", 256, 100, "chat", True, 1, None, {})
+    decision = Decision("standard", "fastest", "learned", learning=True, load=3.0, other_load=0.5)
+    state.learn(features, decision, 0.1, 1.0, 50, "e2e", other_busy=0.25)
+    assert state._pending[-1].other_busy == 0.25
+    state.learn(features, decision, 0.1, 1.0, 50, "e2e")
+    assert state._pending[-1].other_busy == pytest.approx(math.log2(1.5))
+    state.snapshot = dataclasses.replace(state.snapshot, gateways=2)
+    state.learn(features, decision, 0.1, 1.0, 50, "e2e", other_busy=0.25)
+    assert state._pending[-1].other_busy == pytest.approx(math.log2(1.5))
+    state.learn(features, decision, 0.1, 1.0, 50, "e2e", other_busy=0.9)
+    assert state._pending[-1].other_busy == 0.9

@@ -234,6 +234,13 @@ class LatencyModel:
     memo: dict[tuple[object, ...], tuple[Prediction, ...]] = field(
         init=False, default_factory=dict, compare=False, repr=False
     )  # fmt: skip
+    # each pool's other's cross term, where any pool has one (shared hardware; else empty: nothing to charge)
+    other_cross: Mapping[str, float] = field(init=False, default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if any(pool.cross for pool in self.pools.values()):
+            crosses = {name: self.pools[other].cross for name, other in _OTHER.items() if other in self.pools}
+            object.__setattr__(self, "other_cross", crosses)
 
     def samples(self, pool: str) -> float:
         found = self.pools.get(pool)
@@ -329,11 +336,11 @@ class LatencyModel:
             slopes = found.added_slope
             slope = slopes[i] * g + slopes[i + 1] * f
             cost = e2e + slope * exp_shift * expected * load * externality
-            other = self.pools.get(_OTHER.get(pool, ""))
-            if other is not None and other.cross and other_load > 0 and load < 1.0:
+            if self.other_cross and load < 1.0 and other_load > 0:
                 # each request on the other pool runs slower, by its cross term times what this request adds to
                 # this pool's busyness (from idle: all of it), for as long as this one runs
-                cost += other.cross * (busy(load + 1.0) - busy(load)) * other_load * e2e * externality
+                other_cross = self.other_cross.get(pool, 0.0)
+                cost += other_cross * (busy(load + 1.0) - busy(load)) * other_load * e2e * externality
             samples = min(tpot_w, seg_weight, token_samples)
         sigma = math.sqrt(var * (1.0 / (weight + 1.0) + 1.0 / (found.samples + 1.0)))
         return Prediction(pool, ttft, e2e, tpot, expected, load, value, sigma, samples, cost)

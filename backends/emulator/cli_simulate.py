@@ -22,9 +22,8 @@ from backends.emulator.scenarios import LOAD_SHARES, SCENARIOS
 from backends.emulator.telemetry import FULL, TELEMETRY
 
 if TYPE_CHECKING:
-    from backends.emulator.evaluate import Level, ScenarioRun
     from backends.emulator.profiles import Profile
-    from backends.emulator.sweep import Job, Plan
+    from backends.emulator.sweep import Job, Plan, Result
     from backends.emulator.targets import Target
 
 DEFAULT_SEEDS = 5
@@ -55,6 +54,21 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "--workload", type=Path, action="append",
         help="workload YAML with ground truth, or a directory of them (repeatable; default: the shipped "
              "backends/workloads/data): simulate your own traffic",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sessions", type=Path, action="append",
+        help="a session workload (YAML file or directory of them; 'shipped': backends/workloads/sessions): "
+             "multi-turn sessions instead of single requests; runs the session policies (specgate, and the "
+             "single-pool baselines at equal hardware) and prints TTFT of later turns and end to end",
+    )  # fmt: skip
+    parser.add_argument(
+        "--think-time", type=non_negative_float, default=5.0,
+        help="sessions: mean seconds between an answer and the next turn (exponential; default 5)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prefix-caching", choices=("on", "off"), default="on",
+        help="sessions: the engines' prefix caches (default on; single-turn workloads never cache, so their "
+             "figures stay as they were)",
     )  # fmt: skip
     parser.add_argument("--replicas", type=_count, default=1, help="engines per pool")
     parser.add_argument(
@@ -95,8 +109,11 @@ def _run_simulate(args: argparse.Namespace) -> int:
     targets: dict[str, list[Target]] = {}
     for plan in plans:
         mine = [result for job, result in zip(jobs, results, strict=True) if job.plan is plan]
+        if plan.sessions is not None:
+            report[plan.profile.name] = _show_sessions(console, plan, mine)
+            continue
         report[plan.profile.name], targets[plan.profile.name] = _show(console, plan, mine, args)
-    if len(plans) > 1:
+    if len(targets) > 1:
         from backends.emulator.report import summary_table
 
         console.print(summary_table(targets))
@@ -114,13 +131,19 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
     from backends.emulator.simulate import PolicySet
     from backends.emulator.sweep import Plan
     from backends.workloads.loader import load_workload
+    from backends.workloads.sessions import SESSIONS_DIR, SessionSet, load_sessions
     from gateway.errors import RulesError
     from gateway.rules import default_rules, load_rules, reference_rules
 
     try:
         paths = None if not args.workload else [
             f for p in args.workload for f in (sorted(p.glob("*.yaml")) if p.is_dir() else [p])]  # fmt: skip
-        workload = load_workload(paths)  # a WorkloadError is a ValueError: a clear message and exit 2
+        sessions: SessionSet | None = None
+        if args.sessions:
+            if args.workload:
+                raise ValueError("give either --workload or --sessions")
+            sessions = load_sessions([SESSIONS_DIR if str(p) == "shipped" else p for p in args.sessions])
+        workload = sessions.workload if sessions else load_workload(paths)  # WorkloadError: a ValueError
         if not workload.items:
             raise ValueError(f"no workload items in {', '.join(map(str, args.workload))}")
         names = shipped_profiles() if args.profile == "all" else [args.profile]
@@ -129,7 +152,7 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
         adaptive = load_rules(args.adaptive_rules) if args.adaptive_rules else default_rules()
         shares = [float(v) for v in args.loads.split(",") if v.strip()]
         qps = [float(v) for v in args.qps.split(",") if v.strip()] if args.qps else None
-        scenarios = tuple(v.strip() for v in args.scenarios.split(",") if v.strip())
+        scenarios = () if sessions else tuple(v.strip() for v in args.scenarios.split(",") if v.strip())
     except (ProfileError, ValueError, OSError) as exc:
         console.print(f"specgate simulate: {exc}")
         return None
@@ -151,6 +174,11 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
         return tuple(v / capacity_qps(profile, workload) for v in qps) if qps else tuple(shares)
 
     scenario = {"scenario_share": args.scenario_load, "scenario_duration_s": args.scenario_duration}
+    if sessions is not None:
+        caching = args.prefix_caching == "on"
+        return [Plan(p, workload, policies, levels(p), seeds, options=options, think_s=args.think_time,
+                     sessions=sessions.with_model(p.acceptance_model), prefix_caching=caching)
+                for p in profiles]  # fmt: skip
     # each profile's drafter reads the synthetic items (recorded ones keep what the engine measured), as its
     # emulator does (backends/emulator/core.py): a profile whose acceptance_model differs is simulated on its own truth
     return [Plan(p, workload.with_model(p.acceptance_model), policies, levels(p), seeds, scenarios, **scenario,
@@ -171,7 +199,7 @@ def progress_bars(plans: Sequence[Plan], console: Console) -> Iterator[Callable[
 
 
 def _show(
-    console: Console, plan: Plan, results: Sequence[Level | ScenarioRun], args: argparse.Namespace
+    console: Console, plan: Plan, results: Sequence[Result], args: argparse.Namespace
 ) -> tuple[dict[str, object], list[Target]]:
     """One profile's tables (and plot); its figures for the JSON report, and its targets."""
     from backends.emulator.report import levels_table, plot_evaluation, ratios_table, scenarios_table, targets_table
@@ -203,6 +231,25 @@ def _show(
     return figures, targets
 
 
+def _show_sessions(console: Console, plan: Plan, results: Sequence[Result]) -> dict[str, object]:
+    """A session plan's table; its figures for the JSON report."""
+    from backends.emulator.report import sessions_table
+    from backends.emulator.scenarios import capacity_qps
+    from backends.emulator.sweep import session_levels
+
+    levels = session_levels(plan, results)
+    caching = "" if plan.prefix_caching else ", prefix caching off"
+    title = f", think time {plan.think_s:g} s{caching}"
+    console.print(sessions_table(plan.profile.name, capacity_qps(plan.profile, plan.workload), levels, title))
+    return {
+        "capacity_qps": capacity_qps(plan.profile, plan.workload),
+        "seeds": list(plan.seeds),
+        "think_s": plan.think_s,
+        "prefix_caching": plan.prefix_caching,
+        "sessions": [[dataclasses.asdict(level) for level in seed] for seed in levels],
+    }
+
+
 def output_console() -> Console:
     """stdout; wide when it is not a terminal (a file or a pipe), so tables are not wrapped there."""
     console = Console()
@@ -213,6 +260,13 @@ def _count(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
 
 

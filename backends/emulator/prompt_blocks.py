@@ -22,12 +22,19 @@ from backends.workloads.loader import content_text
 _START, _END, _BEGIN = "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"
 
 
-def chat_tokens(messages: Sequence[Mapping[str, Any]], continue_final: bool = False) -> list[str]:
-    """The chat's prompt as tokens; ``continue_final``: the last message stays open after the answer's opening."""
+def chat_tokens(
+    messages: Sequence[Mapping[str, Any]], continue_final: bool = False, salt: str | None = None
+) -> list[str]:
+    """The chat's prompt as tokens; ``continue_final``: the last message stays open after the answer's opening.
+    ``salt`` marks the role token of the first message after the system prompt, so that everything from there
+    on hashes apart from another chat with the same text (the simulator's repeated sessions are other users)."""
     closed = messages[:-1] if continue_final else messages
     tokens: list[str] = []
     for message in closed:
-        tokens += [_START, str(message.get("role", "")), "\n"]
+        role = str(message.get("role", ""))
+        if salt is not None and role not in ("system", "developer"):
+            role, salt = f"{role}\x1f{salt}", None
+        tokens += [_START, role, "\n"]
         tokens += split_tokens(content_text(message.get("content")))
         tokens.append(_END)
     tokens += [_START, "assistant"]
@@ -36,8 +43,10 @@ def chat_tokens(messages: Sequence[Mapping[str, Any]], continue_final: bool = Fa
     return tokens
 
 
-def chat_blocks(messages: Sequence[Mapping[str, Any]], continue_final: bool = False) -> tuple[int, ...]:
-    return chain_hashes(chat_tokens(messages, continue_final))
+def chat_blocks(
+    messages: Sequence[Mapping[str, Any]], continue_final: bool = False, salt: str | None = None
+) -> tuple[int, ...]:
+    return chain_hashes(chat_tokens(messages, continue_final, salt))
 
 
 def completion_blocks(prompt: str) -> tuple[int, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,11 +20,13 @@ from backends.emulator.simulate import (
     PERFECT,
     POLICIES,
     RULES,
+    SESSION_POLICIES,
     RequestResult,
 )
 
 if TYPE_CHECKING:
     from backends.emulator.evaluate import Level, ScenarioRun
+    from backends.emulator.session_sim import SessionLevel
     from backends.emulator.targets import Target
 
 
@@ -93,11 +96,11 @@ LEGEND = (
 )
 
 
-def _seeds(runs: Sequence[Sequence[Level]] | Sequence[Sequence[ScenarioRun]]) -> str:
+def _seeds(runs: Sequence[Sequence[object]]) -> str:
     return f"{len(runs)} seed{'s' if len(runs) != 1 else ''}"
 
 
-def _mean_of(summaries: Iterable[Summary], stat: str) -> float:
+def _mean_of(summaries: Iterable[Summary | SessionSummary], stat: str) -> float:
     return statistics.fmean(float(getattr(summary, stat)) for summary in summaries)
 
 
@@ -200,6 +203,66 @@ def summary_table(targets: Mapping[str, Sequence[Target]]) -> Table:
     for name in names:
         found = [{t.name: t for t in profile_targets}.get(name) for profile_targets in targets.values()]
         table.add_row(name, *(_met(t.met) if t is not None else "-" for t in found))
+    return table
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSummary:
+    """A session workload's figures for one policy: TTFT of the turns that resend a history, end to end."""
+
+    requests: int
+    later_turns: int  # turns >= 2
+    ttft_p50_later_s: float  # median TTFT of turns >= 2 (nan when there are none)
+    ttft_p50_first_s: float  # median TTFT of first turns (nan when there are none)
+    mean_s: float  # mean end to end, every turn
+    p95_s: float
+    cached_share: float  # of the prompt tokens, found in a prefix cache
+    speculative_share: float
+
+
+def summarise_sessions(results: Sequence[RequestResult]) -> SessionSummary:
+    later = [r.ttft_s for r in results if r.turn >= 2]
+    first = [r.ttft_s for r in results if r.turn == 1]
+    latencies = [r.latency_s for r in results]
+    prompt = sum(r.prompt_tokens for r in results)
+    return SessionSummary(
+        len(results), len(later), percentile(later, 0.5) if later else math.nan,
+        percentile(first, 0.5) if first else math.nan, statistics.fmean(latencies), percentile(latencies, 0.95),
+        sum(r.cached_tokens for r in results) / prompt if prompt else 0.0,
+        sum(1 for r in results if r.pool == "speculative") / len(results),
+    )  # fmt: skip
+
+
+SESSION_LEGEND = (
+    "adaptive: specgate's two pools, the shipped adaptive rules (cold start), replica by fewest in flight "
+    "(cache-blind); adaptive-prefix: the same, replica by the prefix-aware rule; plain-/dynamic-prefix: every "
+    "engine standard / speculative with dynamic k, prefix-aware load-aware replica choice; plain-sticky: a "
+    "session back on its first replica; plain-blind: fewest in flight. Equal hardware: 2 x replicas engines "
+    "each. TTFT t>=2: median TTFT of turns 2 and later"
+)
+
+
+def sessions_table(profile: str, capacity: float, runs: Sequence[Sequence[SessionLevel]], title: str = "") -> Table:
+    """One row per level and policy, means over the seeds: TTFT p50 of turns >= 2 (ms), of first turns, mean
+    and p95 end to end (s), the share of prompt tokens found cached, the share sent to speculation."""
+    table = Table(
+        title=f"EMULATED {profile}{title}: sessions, mean of {_seeds(runs)}; one pool ~{capacity:.1f} QPS",
+        caption=SESSION_LEGEND,
+    )  # fmt: skip
+    for column in ("load", "QPS", "policy", "TTFT t>=2\np50 ms", "TTFT t1\np50 ms", "e2e\nmean s", "e2e\np95 s",
+                   "cached", "to spec"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "policy" else "right")
+    for index, level in enumerate(runs[0]):
+        at = [levels[index] for levels in runs]
+        for policy in (p for p in SESSION_POLICIES if p in level.summaries):
+            summaries = [lv.summaries[policy] for lv in at]
+            table.add_row(
+                f"{level.share:.0%}", f"{statistics.fmean(lv.qps for lv in at):.1f}", policy,
+                f"{_mean_of(summaries, 'ttft_p50_later_s') * 1000:.0f}",
+                f"{_mean_of(summaries, 'ttft_p50_first_s') * 1000:.0f}",
+                _seconds(_mean_of(summaries, "mean_s")), _seconds(_mean_of(summaries, "p95_s")),
+                f"{_mean_of(summaries, 'cached_share'):.0%}", f"{_mean_of(summaries, 'speculative_share'):.0%}",
+            )  # fmt: skip
     return table
 
 

@@ -108,7 +108,7 @@ def make_scenario_arrivals(workload: Workload, scenario: Scenario, seed: int, ru
         if rng.random() * scenario.peak_rate > scenario.rate(now):
             continue
         item = _pick(rng, workload, by_task, scenario.mix(now) if scenario.mix else None)
-        features = _features(item, rng, rules, classifier)
+        features = request_features(item, rng, rules, classifier)
         acceptance = item.acceptance
         if item.task == scenario.drift_task and now >= scenario.drift_at_s:
             acceptance = DRIFT_ACCEPTANCE
@@ -125,7 +125,9 @@ def _pick(
     return rng.choice(by_task[task])
 
 
-def _features(item: WorkloadItem, rng: random.Random, rules: RoutingRules, classifier: Classifier) -> RequestFeatures:
+def request_features(
+    item: WorkloadItem, rng: random.Random, rules: RoutingRules, classifier: Classifier
+) -> RequestFeatures:
     """The gateway's features of one request. Half the requests stream (a chat UI), half do not (API calls):
     for those the gateway learns only the whole reply's time, as it would in a deployment."""
     body = item.request_body("emulated", stream=rng.random() < STREAM_SHARE)
@@ -140,7 +142,7 @@ def make_arrivals(workload: Workload, qps: float, count: int, seed: int, rules: 
     for index in range(count):
         now += rng.expovariate(qps)
         item = rng.choice(workload.items)
-        features = _features(item, rng, rules, classifier)
+        features = request_features(item, rng, rules, classifier)
         arrivals.append(Arrival(index, now, item, features, item.acceptance))
     return arrivals
 

@@ -23,6 +23,15 @@ state at every decision; its distance from ``adaptive-warm`` is what prediction 
 first, blind to the delay it adds to the others: a reference, not a bound; a policy that counts that delay
 beats it under load).
 
+Sessions (:mod:`backends.emulator.session_sim`): an arrival may wait for an earlier one (``after``, the
+index of the previous turn of its session); it arrives when that one finishes plus its ``think_s``. With
+``prefix_caching`` every request carries its prompt's KV block hashes (``Arrival.block_hashes``) and the
+engines' prefix caches work; without it they carry none and nothing is cached (every figure on single-turn
+workloads is computed that way). ``layout`` sets how many engines each pool has (a single-pool baseline puts
+all of them in one pool) and ``picker`` how a replica is chosen within the pool: ``fewest`` in flight (the
+default), ``prefix`` (:func:`backends.emulator.prefix_router.prefix_choice`) or ``sticky`` (a session's turns
+return to the replica of its first turn).
+
 ``known`` carries the acceptance as the speculative engine draws it: the per-token acceptance ``a`` (the
 workload's, times the profile's ``acceptance_scale``), whose mean tokens per step is ``(1 - a^(k+1)) / (1 - a)``.
 The model reads it in ``gateway.adaptive.policy``; a model that did not would make ``perfect-predictor``
@@ -32,11 +41,14 @@ The model reads it in ``gateway.adaptive.policy``; a model that did not would ma
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from backends.emulator.prefix_cache import BLOCK_SIZE
+from backends.emulator.prefix_router import Candidate, prefix_choice
 from backends.emulator.profiles import Profile
 from backends.emulator.telemetry import FULL, Telemetry, estimated_tokens, has_usage, usage_draw
 from backends.emulator.timing import Engine, EngineRequest, StepOutcome, TimingModel, expected_tokens_per_step
@@ -58,6 +70,14 @@ ADAPTIVE_WARM = "adaptive-warm"
 PERFECT = "perfect-predictor"
 MYOPIC = "myopic"
 POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, PERFECT, MYOPIC)
+# The single-pool baselines of session workloads, at equal hardware (session_sim.py builds them)
+PLAIN_PREFIX = "plain-prefix"  # every replica standard, prefix-aware and load-aware replica choice
+DYNAMIC_PREFIX = "dynamic-prefix"  # every replica speculative with dynamic k, the same replica choice
+PLAIN_STICKY = "plain-sticky"  # every replica standard, a session always back on its first turn's replica
+PLAIN_BLIND = "plain-blind"  # every replica standard, the fewest in flight (cache-blind)
+ADAPTIVE_PREFIX = "adaptive-prefix"  # specgate's two pools, the prefix-aware replica choice within the pool
+SESSION_POLICIES = (ADAPTIVE, ADAPTIVE_PREFIX, PLAIN_PREFIX, DYNAMIC_PREFIX, PLAIN_STICKY, PLAIN_BLIND)
+FEWEST, PREFIX, STICKY = "fewest", "prefix", "sticky"  # how a replica is picked within the chosen pool
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +87,11 @@ class Arrival:
     item: WorkloadItem
     features: RequestFeatures
     acceptance: float  # the truth the engine draws from (the item's, unless a drift scenario changed it)
+    block_hashes: tuple[int, ...] | None = None  # its prompt's KV blocks (sessions)
+    session: str | None = None  # the session it belongs to, and its turn there (1: the first)
+    turn: int = 1
+    after: int | None = None  # the previous turn's index: this arrives when that one finishes, plus think_s
+    think_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +108,11 @@ class RequestResult:
     ttft_s: float
     latency_s: float
     explored: bool = False
+    session: str | None = None
+    turn: int = 1  # of its session (1 outside sessions)
+    replica: int = 0  # which engine of its pool served it
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of its prompt, found in the replica's prefix cache
 
 
 def fixed_pool_rules(base: RoutingRules, pool: str) -> RoutingRules:
@@ -94,6 +124,7 @@ def fixed_pool_rules(base: RoutingRules, pool: str) -> RoutingRules:
 class _Replica:
     pool: str
     engine: Engine
+    index: int = 0  # within its pool
     step_end_s: float = math.inf
     outcome: StepOutcome | None = None
     inflight: int = 0
@@ -146,6 +177,12 @@ class Simulation:
     gateways: int = 1
     gateways_known: bool = True
     telemetry: Telemetry = FULL
+    prefix_caching: bool = False  # requests carry their block hashes (sessions); off: nothing is cached
+    layout: Mapping[str, int] | None = None  # engines per pool; None: ``replicas`` each
+    picker: str = FEWEST
+    _homes: dict[str, _Replica] = field(init=False, default_factory=dict)  # sticky: a session's replica
+    _followers: dict[int, Arrival] = field(init=False, default_factory=dict)  # next turns by previous index
+    _due: list[tuple[float, int, Arrival]] = field(init=False, default_factory=list)  # next turns, scheduled
     _replicas: dict[str, list[_Replica]] = field(init=False)
     _qps: LocalQps = field(init=False, default_factory=LocalQps)
     _scrapes: list[_Scrape | None] = field(init=False)
@@ -159,22 +196,32 @@ class Simulation:
             rng = random.Random(f"{self.seed}:{name}" + (f":{index}" if index else ""))
             return Engine(TimingModel(self.profile, name == SPECULATIVE), rng)
 
-        self._replicas = {name: [_Replica(name, engine(name, i)) for i in range(self.replicas)] for name in POOL_NAMES}
+        counts = self.layout or dict.fromkeys(POOL_NAMES, self.replicas)
+        self._replicas = {
+            name: [_Replica(name, engine(name, i), i) for i in range(counts[name])] for name in POOL_NAMES
+        }
         self._all = [r for name in POOL_NAMES for r in self._replicas[name]]
         self._scrapes = [None] * self.gateways
         self._own = [dict.fromkeys(POOL_NAMES, 0) for _ in range(self.gateways)]
         self._clocks = [{name: LoadClock(at=0.0) for name in POOL_NAMES} for _ in range(self.gateways)]
 
     def run(self, arrivals: Sequence[Arrival]) -> list[RequestResult]:
+        """Serve the arrivals; one that waits for an earlier one (``after``) comes when that one finishes."""
         live: dict[EngineRequest, _Progress] = {}
         results: list[RequestResult] = []
+        first = [arrival for arrival in arrivals if arrival.after is None]
+        self._followers = {arrival.after: arrival for arrival in arrivals if arrival.after is not None}
         position = 0
-        while position < len(arrivals) or any(r.outcome is not None for r in self._all):
-            next_arrival = arrivals[position].at_s if position < len(arrivals) else math.inf
+        while position < len(first) or self._due or any(r.outcome is not None for r in self._all):
+            next_arrival = first[position].at_s if position < len(first) else math.inf
+            due = self._due[0][0] if self._due else math.inf
             replica = min(self._all, key=lambda candidate: candidate.step_end_s)
-            if next_arrival <= replica.step_end_s:
-                self._admit(arrivals[position], live)
-                position += 1
+            if min(next_arrival, due) <= replica.step_end_s:
+                if due < next_arrival:
+                    self._admit(heapq.heappop(self._due)[2], live)
+                else:
+                    self._admit(first[position], live)
+                    position += 1
             else:
                 self._finish_step(replica, live, results)
         return sorted(results, key=lambda result: result.index)
@@ -212,7 +259,7 @@ class Simulation:
             total_replicas=len(replicas),
             running=float(sum(r.engine.num_running for r in replicas)),
             waiting=float(sum(r.engine.num_waiting for r in replicas)),
-            kv_cache_usage=sum(r.engine.kv_usage for r in replicas) / len(replicas),
+            kv_cache_usage=sum(r.engine.kv_usage for r in replicas) / len(replicas) if replicas else 0.0,
             acceptance_rate=accepted / draft_tokens if draft_tokens else None,
             acceptance_length=1 + accepted / drafts if drafts else None,
             stats_age_s=0.0,
@@ -232,7 +279,7 @@ class Simulation:
             reason, load, explored, other_load = MYOPIC, 0.0, False, None
         else:
             decision = decide(self._features(arrival, output_tokens), self._snapshot(now, gateway), self.rules)
-            replica = min(self._replicas[decision.pool], key=lambda r: r.inflight)
+            replica = self._pick(self._replicas[decision.pool], arrival)
             reason, load, explored = decision.reason, decision.load, decision.explored
             other_load = decision.other_load if decision.learning else None
         request = EngineRequest(
@@ -241,6 +288,7 @@ class Simulation:
             output_tokens=output_tokens,
             acceptance=arrival.acceptance,
             finish_reason="length" if item.max_tokens < item.output_tokens else "stop",
+            block_hashes=arrival.block_hashes if self.prefix_caching else None,
         )
         replica.engine.add(request)
         replica.inflight += 1
@@ -251,6 +299,21 @@ class Simulation:
         live[request] = _Progress(arrival, replica, reason, load, explored, request, other_load, mark, span, gateway)
         if replica.outcome is None:
             self._start_step(replica, now)
+
+    def _pick(self, replicas: Sequence[_Replica], arrival: Arrival) -> _Replica:
+        """The replica of the chosen pool: the fewest in flight, the longest cached prefix (``prefix``, within
+        a load slack) or the session's first replica (``sticky``)."""
+        if self.picker == PREFIX and arrival.block_hashes is not None:
+            limit = (arrival.item.prompt_tokens - 1) // BLOCK_SIZE  # what the engine could hit (timing.py)
+            candidates = [Candidate(r.engine.cache.lookup(arrival.block_hashes, limit), r.inflight) for r in replicas]
+            return replicas[prefix_choice(candidates)]
+        home = self._homes.get(arrival.session) if self.picker == STICKY and arrival.session is not None else None
+        if home is not None and home in replicas:
+            return home
+        chosen = min(replicas, key=lambda r: r.inflight)
+        if self.picker == STICKY and arrival.session is not None:
+            self._homes[arrival.session] = chosen
+        return chosen
 
     def _features(self, arrival: Arrival, output_tokens: int) -> RequestFeatures:
         """The request's features as ``decide()`` reads them: with its truth for ``perfect-predictor`` (the
@@ -299,9 +362,17 @@ class Simulation:
                 replica.inflight -= 1
                 self._own[progress.gateway][replica.pool] -= 1
                 results.append(self._result(progress, now, progress.span.end(now)))
+                self._schedule_next(progress.arrival, now)
         replica.outcome, replica.step_end_s = None, math.inf
         if replica.engine.has_work:
             self._start_step(replica, now)
+
+    def _schedule_next(self, arrival: Arrival, finished_s: float) -> None:
+        """The session's next turn, if any, arrives ``think_s`` after this answer ends."""
+        follower = self._followers.pop(arrival.index, None)
+        if follower is not None:
+            at = finished_s + follower.think_s
+            heapq.heappush(self._due, (at, follower.index, dataclasses.replace(follower, at_s=at)))
 
     def _start_step(self, replica: _Replica, now: float) -> None:
         """The replica's next step; on hardware shared with the other pool (``Profile.shared_hardware``), slower
@@ -311,7 +382,7 @@ class Simulation:
             replica.start_step(now)
             return
         others = self._replicas[other_pool(replica.pool)]
-        busy = sum(1 for other in others if other.engine.has_work) / len(others)
+        busy = sum(1 for other in others if other.engine.has_work) / len(others) if others else 0.0
         replica.start_step(now, 1.0 + shared * busy)
 
     def _result(self, progress: _Progress, finished_s: float, run_shift: float | None) -> RequestResult:
@@ -330,6 +401,11 @@ class Simulation:
             ttft_s=first - arrival.at_s,
             latency_s=finished_s - arrival.at_s,
             explored=progress.explored,
+            session=arrival.session,
+            turn=arrival.turn,
+            replica=progress.replica.index,
+            prompt_tokens=progress.request.prompt_tokens,
+            cached_tokens=progress.request.cached_tokens,
         )
         if self.learner is not None:
             self.learner.observe(self._observation(progress, result, finished_s, run_shift))

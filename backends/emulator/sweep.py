@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 
 from backends.emulator.evaluate import Level, Options, ScenarioRun, evaluate_level, evaluate_scenario
 from backends.emulator.profiles import Profile
+from backends.emulator.session_sim import DEFAULT_THINK_S, SessionLevel, evaluate_sessions
 from backends.emulator.simulate import PolicySet
 from backends.workloads.loader import Workload
+from backends.workloads.sessions import SessionSet
 from gateway.rules import RoutingRules
 
 
@@ -30,6 +32,9 @@ class Plan:
     scenario_share: float = 0.7
     scenario_duration_s: float = 240.0
     options: Options = field(default_factory=Options)
+    sessions: SessionSet | None = None  # a session workload: its levels run the session policies instead
+    think_s: float = DEFAULT_THINK_S  # mean think time between a session's turns
+    prefix_caching: bool = True  # the engines' prefix caches, for session workloads
 
     def jobs(self) -> Iterator[Job]:
         for seed in self.seeds:
@@ -44,8 +49,13 @@ class Job:
     share: float | None = None  # a load level, or
     scenario: str | None = None  # a scenario at the plan's scenario share
 
-    def run(self) -> Level | ScenarioRun:
+    def run(self) -> Level | ScenarioRun | SessionLevel:
         plan = self.plan
+        if plan.sessions is not None and self.share is not None:
+            return evaluate_sessions(
+                plan.profile, plan.sessions, plan.policies, self.share, self.seed, plan.options, plan.think_s,
+                plan.prefix_caching,
+            )  # fmt: skip
         if self.scenario is not None:
             return evaluate_scenario(
                 self.scenario, plan.profile, plan.workload, plan.policies, plan.scenario_share,
@@ -72,16 +82,17 @@ def _portable(plan: Plan) -> Plan:
     return dataclasses.replace(plan, policies=PolicySet(reference, fresh(plan.policies.adaptive)))
 
 
-def _run(job: Job) -> Level | ScenarioRun:
+Result = Level | ScenarioRun | SessionLevel
+
+
+def _run(job: Job) -> Result:
     return job.run()
 
 
-def run_jobs(
-    jobs: Sequence[Job], workers: int = 1, done: Callable[[Job], None] | None = None
-) -> list[Level | ScenarioRun]:
+def run_jobs(jobs: Sequence[Job], workers: int = 1, done: Callable[[Job], None] | None = None) -> list[Result]:
     """Every job's result, in the jobs' order; ``done`` is told of each as it finishes (a progress bar).
     With more than one worker the jobs run in that many processes (spawned: no fork of a threaded parent)."""
-    results: list[Level | ScenarioRun | None] = [None] * len(jobs)
+    results: list[Result | None] = [None] * len(jobs)
     if workers <= 1 or len(jobs) <= 1:
         for index, job in enumerate(jobs):
             results[index] = job.run()
@@ -103,8 +114,13 @@ def run_jobs(
     return [result for result in results if result is not None]
 
 
-def by_seed(plan: Plan, results: Sequence[Level | ScenarioRun]) -> tuple[list[list[Level]], list[list[ScenarioRun]]]:
+def by_seed(plan: Plan, results: Sequence[Result]) -> tuple[list[list[Level]], list[list[ScenarioRun]]]:
     """The results of ``plan.jobs()`` as per seed, its levels (in the plan's order) and its scenario runs."""
     levels = [[r for r in results if isinstance(r, Level) and r.seed == seed] for seed in plan.seeds]
     runs = [[r for r in results if isinstance(r, ScenarioRun) and r.seed == seed] for seed in plan.seeds]
     return levels, runs
+
+
+def session_levels(plan: Plan, results: Sequence[Result]) -> list[list[SessionLevel]]:
+    """The results of a session plan's jobs, per seed, its levels in the plan's order."""
+    return [[r for r in results if isinstance(r, SessionLevel) and r.seed == seed] for seed in plan.seeds]

@@ -1,0 +1,161 @@
+"""Sessions in the simulator: multi-turn arrivals, the engines' prefix caches, and single-pool baselines.
+
+**Arrivals** (:func:`make_session_arrivals`). Sessions start as a Poisson process; each is drawn uniformly
+from the session set. A level's load is a share of one pool's capacity in *requests* (as for single-turn
+workloads, over all turns), so sessions start at ``qps / mean turns per session``. A session's first turn
+arrives when it starts; each next turn ``think_s`` after the previous answer finished, ``think_s`` drawn
+exponential with mean ``think_mean_s`` (drawn with the arrivals, so every policy serves the same sessions
+with the same pauses). Every turn carries its prompt's KV block hashes; a session drawn again is another
+user: its blocks after the system prompt hash apart (``prompt_blocks.chat_blocks(salt=...)``), while the
+system prompt (tool definitions, retrieved documents) is shared.
+
+**Policies at equal hardware** (``2 x replicas`` engines in all), every engine with its prefix cache on
+unless ``prefix_caching`` is off:
+
+- ``adaptive``: specgate as today, two pools of ``replicas`` engines, the shipped adaptive rules from a cold
+  start, the replica within the pool by the fewest in flight (cache-blind);
+- ``adaptive-prefix``: the same pool choice, the replica within the pool by the prefix-aware rule below (what
+  a cache-aware replica choice in the gateway would give, before any cache-aware pool choice);
+- ``plain-prefix``: every engine standard, the replica by :func:`~backends.emulator.prefix_router.prefix_choice`
+  (the longest cached prefix unless much busier than the least loaded);
+- ``dynamic-prefix``: every engine speculative with vLLM's dynamic speculation (:func:`dynamic_table`), the
+  same replica choice;
+- ``plain-sticky``: every engine standard, a session always back on its first turn's replica (a reference:
+  the most cache reuse, no load balance after the first turn);
+- ``plain-blind``: every engine standard, the fewest in flight (what the cache gives without a router that
+  knows it).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from backends.emulator.evaluate import Options
+from backends.emulator.profiles import Profile
+from backends.emulator.prompt_blocks import chat_blocks
+from backends.emulator.report import SessionSummary, summarise_sessions
+from backends.emulator.scenarios import capacity_qps, request_features
+from backends.emulator.simulate import (
+    ADAPTIVE,
+    ADAPTIVE_PREFIX,
+    DYNAMIC_PREFIX,
+    FEWEST,
+    PLAIN_BLIND,
+    PLAIN_PREFIX,
+    PLAIN_STICKY,
+    PREFIX,
+    STICKY,
+    Arrival,
+    PolicySet,
+    RequestResult,
+    Simulation,
+    after_warmup,
+    fixed_pool_rules,
+)
+from backends.workloads.sessions import SessionSet
+from gateway.adaptive.learner import Learner
+from gateway.features import Classifier
+from gateway.rules import RoutingRules
+from gateway.snapshot import SPECULATIVE, STANDARD, other_pool
+
+DEFAULT_THINK_S = 5.0
+
+
+def dynamic_table(k: int) -> tuple[tuple[int, int, int], ...]:
+    """The baseline's ``num_speculative_tokens_per_batch_size``: the profile's k up to 8 running requests, 2 from
+    9 to 32, 0 from 33 on (the last range's k holds for every larger batch, as in vLLM)."""
+    return ((1, 8, k), (9, 32, min(2, k)), (33, 33, 0))
+
+
+def dynamic_profile(profile: Profile) -> Profile:
+    """The profile with :func:`dynamic_table` on its speculative engines (validated as a profile file is)."""
+    speculative = profile.speculative.model_dump()
+    speculative["num_speculative_tokens_per_batch_size"] = dynamic_table(profile.speculative.num_speculative_tokens)
+    return Profile.model_validate({**profile.model_dump(), "speculative": speculative})
+
+
+def make_session_arrivals(
+    sessions: SessionSet, qps: float, duration_s: float, seed: int, rules: RoutingRules,
+    think_mean_s: float = DEFAULT_THINK_S,
+) -> list[Arrival]:  # fmt: skip
+    """Every turn of the sessions that start within ``duration_s`` (see the module's doc); a next turn's
+    ``at_s`` is its session's start until the simulation schedules it."""
+    rng = random.Random(f"{seed}:sessions:{qps}")
+    classifier = Classifier(rules, read_content=True)
+    rate = qps / sessions.mean_turns
+    arrivals: list[Arrival] = []
+    now, started = 0.0, 0
+    while True:
+        now += rng.expovariate(rate)
+        if now >= duration_s:
+            return arrivals
+        session = rng.choice(sessions.sessions)
+        name, previous = f"{session.id}#{started}", None
+        started += 1
+        for number, turn in enumerate(session.turns, start=1):
+            think = rng.expovariate(1.0 / think_mean_s) if number > 1 and think_mean_s > 0 else 0.0
+            features = request_features(turn.item, rng, rules, classifier)
+            blocks = chat_blocks(turn.item.messages, salt=name)
+            index = len(arrivals)
+            arrivals.append(Arrival(index, now, turn.item, features, turn.item.acceptance, blocks, name, number,
+                                    previous, think))  # fmt: skip
+            previous = index
+
+
+def session_simulations(
+    profile: Profile, policies: PolicySet, seed: int, options: Options, prefix_caching: bool = True
+) -> dict[str, Callable[[], Simulation]]:
+    """How each session policy's run is made (module doc); ``options.replicas`` engines per pool of specgate's
+    two, twice that in the single pool of a baseline."""
+
+    def make(on: Profile, rules: RoutingRules, *, layout: dict[str, int] | None = None, picker: str = FEWEST,
+             learner: Learner | None = None) -> Simulation:  # fmt: skip
+        return Simulation(
+            on, rules, seed, learner, replicas=options.replicas, gateways=options.gateways, layout=layout,
+            picker=picker, scrape_interval_s=options.scrape_interval_s, telemetry=options.telemetry,
+            prefix_caching=prefix_caching,
+        )  # fmt: skip
+
+    def single(pool: str, picker: str, on: Profile = profile) -> Simulation:
+        layout = {pool: 2 * options.replicas, other_pool(pool): 0}
+        return make(on, fixed_pool_rules(policies.reference, pool), layout=layout, picker=picker)
+
+    sims: dict[str, Callable[[], Simulation]] = {}
+    adaptive = policies.adaptive
+    if adaptive is not None:
+        rate, forget = adaptive.adaptive.learning_rate, adaptive.adaptive.stale_s
+        sims[ADAPTIVE] = lambda: make(profile, adaptive, learner=Learner(rate, forget))
+        sims[ADAPTIVE_PREFIX] = lambda: make(profile, adaptive, picker=PREFIX, learner=Learner(rate, forget))
+    sims[PLAIN_PREFIX] = lambda: single(STANDARD, PREFIX)
+    sims[DYNAMIC_PREFIX] = lambda: single(SPECULATIVE, PREFIX, dynamic_profile(profile))
+    sims[PLAIN_STICKY] = lambda: single(STANDARD, STICKY)
+    sims[PLAIN_BLIND] = lambda: single(STANDARD, FEWEST)
+    return sims
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLevel:
+    share: float  # of one pool's capacity, in requests
+    qps: float  # requests per second (sessions start at qps / mean turns)
+    seed: int
+    summaries: dict[str, SessionSummary]
+
+
+def evaluate_sessions(
+    profile: Profile, sessions: SessionSet, policies: PolicySet, share: float, seed: int,
+    options: Options | None = None, think_mean_s: float = DEFAULT_THINK_S, prefix_caching: bool = True,
+    include: Sequence[str] | None = None,
+) -> SessionLevel:  # fmt: skip
+    """Every session policy (or those in ``include``) at ``share`` of one pool's capacity, on the same arrivals;
+    turns that arrive in the warm-up are left out."""
+    options = options or Options()
+    qps = capacity_qps(profile, sessions.workload) * share
+    arrivals = make_session_arrivals(sessions, qps, options.duration_s, seed, policies.reference, think_mean_s)
+    sims = session_simulations(profile, policies, seed, options, prefix_caching)
+    results: dict[str, list[RequestResult]] = {
+        name: make().run(arrivals) for name, make in sims.items() if include is None or name in include
+    }
+    kept = after_warmup(results, min(options.warmup_s, options.duration_s / 4))
+    return SessionLevel(share, qps, seed, {name: summarise_sessions(runs) for name, runs in kept.items()})

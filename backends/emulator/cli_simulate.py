@@ -239,7 +239,7 @@ def _show_sessions(console: Console, plan: Plan, results: Sequence[Result]) -> d
 
     levels = session_levels(plan, results)
     caching = "" if plan.prefix_caching else ", prefix caching off"
-    title = f", think time {plan.think_s:g} s{caching}"
+    title = f", think {plan.think_s:g} s{caching}"
     console.print(sessions_table(plan.profile.name, capacity_qps(plan.profile, plan.workload), levels, title))
     return {
         "capacity_qps": capacity_qps(plan.profile, plan.workload),

@@ -234,11 +234,11 @@ def summarise_sessions(results: Sequence[RequestResult]) -> SessionSummary:
 
 
 SESSION_LEGEND = (
-    "adaptive: specgate's two pools, the shipped adaptive rules (cold start), replica by fewest in flight "
-    "(cache-blind); adaptive-prefix: the same, replica by the prefix-aware rule; plain-/dynamic-prefix: every "
-    "engine standard / speculative with dynamic k, prefix-aware load-aware replica choice; plain-sticky: a "
-    "session back on its first replica; plain-blind: fewest in flight. Equal hardware: 2 x replicas engines "
-    "each. TTFT t>=2: median TTFT of turns 2 and later"
+    "Means over the seeds; load: a share of one pool's capacity. adaptive: specgate's two pools, the shipped "
+    "adaptive rules (cold start), replica by fewest in flight (cache-blind); adaptive-prefix: the same, replica "
+    "by the prefix-aware rule; plain-/dynamic-prefix: every engine standard / speculative with dynamic k, "
+    "prefix-aware load-aware replica choice; plain-sticky: a session back on its first replica; plain-blind: "
+    "fewest in flight. Equal hardware: 2 x replicas engines each. TTFT t>=2: median TTFT of turns 2 and later"
 )
 
 
@@ -246,7 +246,7 @@ def sessions_table(profile: str, capacity: float, runs: Sequence[Sequence[Sessio
     """One row per level and policy, means over the seeds: TTFT p50 of turns >= 2 (ms), of first turns, mean
     and p95 end to end (s), the share of prompt tokens found cached, the share sent to speculation (80 columns)."""
     table = Table(
-        title=f"EMULATED {profile} sessions{title}, mean of {_seeds(runs)}; one pool ~{capacity:.1f} QPS",
+        title=f"EMULATED {profile} sessions{title}; {_seeds(runs)}; pool ~{capacity:.1f} QPS",
         caption=SESSION_LEGEND,
     )  # fmt: skip
     for column in ("load", "policy", "TTFT\nt>=2 ms", "TTFT\nt1 ms", "e2e\nmean s", "e2e\np95 s", "cached", "to\nspec"):

@@ -218,7 +218,7 @@ def test_simulate_cli_runs_sessions(capsys: pytest.CaptureFixture[str], tmp_path
             "--duration", "20", "--jobs", "1", "--think-time", "2", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     shown = capsys.readouterr().out
-    assert "EMULATED h100-8b sessions, think 2 s, mean of 1 seed" in shown and "TTFT t>=2" in shown
+    assert "EMULATED h100-8b sessions, think 2 s; 1 seed; pool ~" in shown and "TTFT t>=2" in shown
     for policy in (ADAPTIVE, PLAIN_PREFIX, DYNAMIC_PREFIX, PLAIN_STICKY, PLAIN_BLIND):
         assert policy in shown
     assert "sessions" in out.read_text(encoding="utf-8")

@@ -48,6 +48,7 @@ from backends.emulator.simulate import (
     PREFIX,
     STICKY,
     Arrival,
+    Picker,
     PolicySet,
     RequestResult,
     Simulation,
@@ -110,7 +111,7 @@ def session_simulations(
     """How each session policy's run is made (module doc); ``options.replicas`` engines per pool of specgate's
     two, twice that in the single pool of a baseline."""
 
-    def make(on: Profile, rules: RoutingRules, *, layout: dict[str, int] | None = None, picker: str = FEWEST,
+    def make(on: Profile, rules: RoutingRules, *, layout: dict[str, int] | None = None, picker: Picker = FEWEST,
              learner: Learner | None = None) -> Simulation:  # fmt: skip
         return Simulation(
             on, rules, seed, learner, replicas=options.replicas, gateways=options.gateways, layout=layout,
@@ -118,7 +119,7 @@ def session_simulations(
             prefix_caching=prefix_caching,
         )  # fmt: skip
 
-    def single(pool: str, picker: str, on: Profile = profile) -> Simulation:
+    def single(pool: str, picker: Picker, on: Profile = profile) -> Simulation:
         layout = {pool: 2 * options.replicas, other_pool(pool): 0}
         return make(on, fixed_pool_rules(policies.reference, pool), layout=layout, picker=picker)
 

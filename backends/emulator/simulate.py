@@ -46,6 +46,7 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from backends.emulator.prefix_cache import BLOCK_SIZE
 from backends.emulator.prefix_router import Candidate, prefix_choice
@@ -77,7 +78,10 @@ PLAIN_STICKY = "plain-sticky"  # every replica standard, a session always back o
 PLAIN_BLIND = "plain-blind"  # every replica standard, the fewest in flight (cache-blind)
 ADAPTIVE_PREFIX = "adaptive-prefix"  # specgate's two pools, the prefix-aware replica choice within the pool
 SESSION_POLICIES = (ADAPTIVE, ADAPTIVE_PREFIX, PLAIN_PREFIX, DYNAMIC_PREFIX, PLAIN_STICKY, PLAIN_BLIND)
-FEWEST, PREFIX, STICKY = "fewest", "prefix", "sticky"  # how a replica is picked within the chosen pool
+Picker = Literal["fewest", "prefix", "sticky"]  # how a replica is picked within the chosen pool
+FEWEST: Picker = "fewest"
+PREFIX: Picker = "prefix"
+STICKY: Picker = "sticky"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +183,7 @@ class Simulation:
     telemetry: Telemetry = FULL
     prefix_caching: bool = False  # requests carry their block hashes (sessions); off: nothing is cached
     layout: Mapping[str, int] | None = None  # engines per pool; None: ``replicas`` each
-    picker: str = FEWEST
+    picker: Picker = FEWEST
     _homes: dict[str, _Replica] = field(init=False, default_factory=dict)  # sticky: a session's replica
     _followers: dict[int, Arrival] = field(init=False, default_factory=dict)  # next turns by previous index
     _due: list[tuple[float, int, Arrival]] = field(init=False, default_factory=list)  # next turns, scheduled

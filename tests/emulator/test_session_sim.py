@@ -31,7 +31,9 @@ from backends.emulator.simulate import (
     PLAIN_PREFIX,
     PLAIN_STICKY,
     PREFIX,
+    STICKY,
     Arrival,
+    Picker,
     PolicySet,
     RequestResult,
     Simulation,
@@ -111,11 +113,11 @@ def _one_agent_and_a_long_request() -> list[Arrival]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("picker", [PREFIX, "sticky"])
-def test_a_second_turn_hits_the_cache_of_the_replica_that_served_the_first(picker: str) -> None:
+@pytest.mark.parametrize("picker", [PREFIX, STICKY])
+def test_a_second_turn_hits_the_cache_of_the_replica_that_served_the_first(picker: Picker) -> None:
     arrivals = _one_agent_and_a_long_request()
 
-    def run(picker: str) -> dict[int, RequestResult]:
+    def run(picker: Picker) -> dict[int, RequestResult]:
         rules = fixed_pool_rules(POLICIES.reference, STANDARD)
         sim = Simulation(PROFILE, rules, 0, layout={STANDARD: 2, SPECULATIVE: 0}, picker=picker, prefix_caching=True)
         return _by_index(sim.run(arrivals))

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 import yaml
@@ -39,6 +39,7 @@ from backends.emulator.acceptance import natural_length_of as _natural_length
 from backends.emulator.reading import count_tokens as count_tokens  # the prompt counter, re-exported
 from backends.emulator.reading import read_request
 
+_Model = TypeVar("_Model", bound=BaseModel)
 HERE = Path(__file__).parent
 DATA_DIR = HERE / "data"  # the development split (the workload shipped first)
 EVAL_DIR = HERE / "eval"
@@ -263,8 +264,13 @@ def load_split(name: str, model: AcceptanceModel = DEFAULT_MODEL) -> Workload:
 
 
 def load_category_file(path: Path) -> CategoryFile:
+    return load_yaml_model(path, CategoryFile)
+
+
+def load_yaml_model(path: Path, model: type[_Model]) -> _Model:
+    """A YAML file read into ``model``; a file that does not fit raises WorkloadError naming each bad key."""
     try:
-        return CategoryFile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+        return model.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
     except ValidationError as exc:
         details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise WorkloadError(f"{path}: {details}") from exc

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backends.emulator.acceptance import DEFAULT_MODEL, AcceptanceModel, acceptance_of
 from backends.emulator.prompt_blocks import chat_blocks
 from backends.emulator.reading import count_tokens, read_request
-from backends.workloads.loader import Workload, WorkloadError, WorkloadItem
+from backends.workloads.loader import Workload, WorkloadError, WorkloadItem, load_yaml_model
 
 SESSIONS_DIR = Path(__file__).parent / "sessions"
 
@@ -126,11 +125,7 @@ def load_sessions(paths: Iterable[Path] | None = None, model: AcceptanceModel = 
 
 
 def load_session_file(path: Path) -> SessionFile:
-    try:
-        return SessionFile.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
-    except ValidationError as exc:
-        details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise WorkloadError(f"{path}: {details}") from exc
+    return load_yaml_model(path, SessionFile)
 
 
 def system_text(spec: SessionFile, session: SessionSpec) -> str | None:

@@ -150,6 +150,10 @@ def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: Routing
         slo = _slo_choice(features, preds)
         if slo is not None:
             return Choice(slo.pool, "fastest: slo", preds)
+    if model_shares_hardware(snapshot):
+        home = _one_device(features, snapshot, rules, preds)
+        if home is not None:
+            return Choice(home, "fastest: one device", preds)
     first, second = preds
     gap = (second.cost_s - first.cost_s) / max(first.cost_s + second.cost_s, 1e-9)
     temperature = config.split_temperature * unseen_share(snapshot)
@@ -167,6 +171,38 @@ def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: Routing
         draw = (draw - explore) / (1.0 - explore)
     pool = first.pool if draw < share_first else second.pool
     return Choice(pool, "fastest", preds)
+
+
+def model_shares_hardware(snapshot: Snapshot) -> bool:
+    """Whether the model learned that the pools slow each other (a cross term above 0: one device)."""
+    model = snapshot.model
+    return model is not None and bool(model.other_cross)
+
+
+def _one_device(
+    features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules, preds: tuple[Prediction, ...]
+) -> str | None:  # fmt: skip
+    """On pools that share a device, a request-by-request split cannot see what it costs: one more request on a
+    pool that is already busy adds nothing to the other's slowdown, so no request lets a pool drain. Here
+    the pool that would serve this request best with all the traffic and the other pool idle (its prediction
+    at both pools' loads together, no slowdown) is compared with the split as it stands; when it is cheaper
+    than either pool's split cost, the request goes there (and the other pool drains)."""
+    model = snapshot.model
+    assert model is not None
+    extra = features.n - 1
+    total = sum(pool_load(snapshot, name) for name in POOL_NAMES) + extra
+    segment = segment_of(features.task, features.copy)
+    template = template_key(segment, features.template)
+    objective = features.objective or rules.objective
+    best, best_cost = None, min(p.cost_s for p in preds)
+    for prediction in preds:
+        alone = model.predict(
+            prediction.pool, segment, features.prompt_tokens, features.max_tokens, total, objective,
+            rules.adaptive.externality, (prediction.output_tokens, math.inf), template,
+        )  # fmt: skip
+        if alone is not None and alone.cost_s < best_cost:
+            best, best_cost = prediction.pool, alone.cost_s
+    return best
 
 
 def unseen_share(snapshot: Snapshot) -> float:

@@ -311,3 +311,19 @@ def test_while_warming_up_a_request_the_rules_give_the_busier_pool_goes_to_the_o
     assert decide(feats("code"), busy, off).pool == SPECULATIVE
     warm = decide(feats("code"), snap(trained(0.01, 0.03), spec_running=6, std_running=2), RULES)
     assert "shorter queue" not in warm.reason  # once warm, the model decides
+
+
+def test_on_one_device_a_split_gives_way_to_the_pool_best_alone() -> None:
+    """Two pools nearly as fast, both busy: on separate hardware the draws split between them; once the model
+    learned that they slow each other, every request goes to the pool that would serve it best with all the
+    traffic (the other pool drains)."""
+    model = trained(spec_tpot=0.0105, std_tpot=0.01)
+    apart = snap(model, spec_running=3, std_running=3)
+    pools = {name: dataclasses.replace(pool, cross=0.7) for name, pool in model.pools.items()}
+    shared = dataclasses.replace(apart, model=dataclasses.replace(model, pools=pools))
+    draws = [i / 50 + 0.01 for i in range(50)]
+    split = [decide(feats("chat", draw=d), apart, RULES) for d in draws]
+    assert {d.pool for d in split} == {STANDARD, SPECULATIVE}
+    assert all(d.reason != "fastest: one device" for d in split)
+    together = [decide(feats("chat", draw=d), shared, RULES) for d in draws]
+    assert {(d.pool, d.reason) for d in together if not d.explored} == {(STANDARD, "fastest: one device")}

@@ -234,6 +234,10 @@ class LatencyModel:
     memo: dict[tuple[object, ...], tuple[Prediction, ...]] = field(
         init=False, default_factory=dict, compare=False, repr=False
     )  # fmt: skip
+    # gateway.adaptive.policy._one_device's answers by the predictions tuple they were asked for (shared hardware)
+    device_memo: dict[int, tuple[tuple[Prediction, ...], str | None]] = field(
+        init=False, default_factory=dict, compare=False, repr=False
+    )  # fmt: skip
     # each pool's other's cross term, where any pool has one (shared hardware; else empty: nothing to charge)
     other_cross: Mapping[str, float] = field(init=False, default_factory=dict, compare=False, repr=False)
 

@@ -151,7 +151,7 @@ def choose_fastest(features: RequestFeatures, snapshot: Snapshot, rules: Routing
         if slo is not None:
             return Choice(slo.pool, "fastest: slo", preds)
     if model_shares_hardware(snapshot):
-        home = _one_device(features, snapshot, rules, preds)
+        home = _one_device_memo(features, snapshot, rules, preds)
         if home is not None:
             return Choice(home, "fastest: one device", preds)
     first, second = preds
@@ -177,6 +177,25 @@ def model_shares_hardware(snapshot: Snapshot) -> bool:
     """Whether the model learned that the pools slow each other (a cross term above 0: one device)."""
     model = snapshot.model
     return model is not None and bool(model.other_cross)
+
+
+def _one_device_memo(
+    features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules, preds: tuple[Prediction, ...]
+) -> str | None:  # fmt: skip
+    """:func:`_one_device`, remembered per predictions tuple: the predictions memo hands requests alike the same
+    tuple, and the answer depends on nothing else but the loads, which are in that memo's key. The tuple is
+    kept beside the answer, so a reused ``id`` is never mistaken for it."""
+    model = snapshot.model
+    assert model is not None
+    memo = model.device_memo
+    found = memo.get(id(preds))
+    if found is not None and found[0] is preds:
+        return found[1]
+    home = _one_device(features, snapshot, rules, preds)
+    if len(memo) >= MEMO_LIMIT:
+        memo.clear()
+    memo[id(preds)] = (preds, home)
+    return home
 
 
 def _one_device(

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from gateway.adaptive.content import content_of
-from gateway.adaptive.learner import Learner, Observation, other_busy_share
+from gateway.adaptive.cross import other_busy_share
+from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.adaptive.policy import is_warm
 from gateway.adaptive.shared import ModelSync

@@ -54,7 +54,8 @@ from backends.emulator.profiles import Profile
 from backends.emulator.telemetry import FULL, Telemetry, estimated_tokens, has_usage, usage_draw
 from backends.emulator.timing import Engine, EngineRequest, StepOutcome, TimingModel, expected_tokens_per_step
 from backends.workloads.loader import WorkloadItem
-from gateway.adaptive.learner import Learner, Observation, other_busy_share
+from gateway.adaptive.cross import other_busy_share
+from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.decide import decide
 from gateway.features import RequestFeatures

@@ -21,10 +21,10 @@ computed before it learns from the request (so the slope learns from honest pred
 template's offset learns what the segment, the slope and the content leave over.
 
 Pools that share hardware (both on one GPU, or on one CPU) slow each other down: each pool also learns a
-**cross term**, its log time per token while the other pool is busy (:func:`other_busy_share`: the share of
-the request's life the other pool had work), from a regression of its residuals on its own load position
-and the other pool's busyness (:class:`_Cross`). It is used only where the data show it clearly (its lower
-confidence bound), so pools on separate hardware keep 0 and their model is what it was without it.
+**cross term** (:mod:`gateway.adaptive.cross`): its log time per token while the other pool is busy (the
+share of the request's life the other pool had work), from a regression of its residuals on its own load
+position and the other pool's busyness. It is used only where the data show it clearly (its lower confidence
+bound), so pools on separate hardware keep 0 and their model is what it was without it.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from gateway.adaptive.content import Content
+from gateway.adaptive.cross import Cross
 from gateway.adaptive.model import (
     NODES,
     SHRINK,
@@ -44,7 +45,6 @@ from gateway.adaptive.model import (
     Lengths,
     Offset,
     PoolModel,
-    busy,
     load_position,
     prompt_bin,
     template_key,
@@ -64,12 +64,6 @@ TEMPLATES = 1024  # per pool: the system-prompt templates whose residuals are ke
 EXPORT_FORMAT = 3
 SLOPE_PRIOR_WEIGHT = 0.2  # the slope's prior counts as this much squared deviation (a few observations)
 SLOPE_DECAY = 0.01  # the slope's sums fade by this per observation: it follows the traffic
-CROSS_DECAY = 0.0005  # the cross term's sums fade by this per observation (~2,000 requests: hardware is fixed)
-CROSS_MIN_SAMPLES = 30.0  # effective observations before a cross term can be used
-CROSS_MIN_SPREAD = 10.0  # and this much spread in the other pool's busyness (squared deviations: about the
-# observations on the rarer side, busy or idle): nearly all at one value, a few points would decide it
-CROSS_Z = 3.0  # the cross term used is its estimate less this many standard errors (0 when that is below 0)
-CROSS_MAX = 1.5  # and at most this (e^1.5: a pool 4.5x slower while the other works)
 
 
 @dataclass(slots=True)  # not frozen: one per finished request, and a frozen __init__ costs ~2x; never mutated
@@ -87,18 +81,6 @@ class Observation:
     template: str | None = None  # the request's system-prompt template id (gateway.features)
     content: Content | None = None  # the request's content features (gateway.adaptive.content)
     other_busy: float | None = None  # how busy the other pool was while it ran, 0..1 (other_busy_share; None: unknown)
-
-
-def other_busy_share(run_share: float | None, decision_load: float | None, gateways: int = 1) -> float | None:
-    """What a request's cross term learns against: the share of its life the other pool had at least one of
-    this gateway's requests (``run_share``, its bookings' clock: exact for a lone gateway). With several
-    gateways the others' requests show only in the engines' counts as the decision read them
-    (``decision_load``, read through :func:`~gateway.adaptive.model.busy`): at least that."""
-    if run_share is None:
-        return None if decision_load is None else busy(decision_load)
-    if gateways > 1 and decision_load is not None:
-        return max(run_share, busy(decision_load))
-    return run_share
 
 
 @dataclass
@@ -132,62 +114,6 @@ class _Slope:
         keep = 1.0 - SLOPE_DECAY
         self.dt = self.dt * keep + deviation * residual
         self.dd = self.dd * keep + deviation * deviation
-
-
-@dataclass
-class _Cross:
-    """How a pool's log time per token moves with the other pool's load: a least-squares fit of the residual
-    ``y`` (the per-token prediction's error with the cross term put back) on ``(1, u, x)`` -- ``u`` the pool's
-    own load position, ``x`` the other pool's busyness -- over sums that fade by CROSS_DECAY per observation. The own
-    load is in the fit because both loads rise together with traffic: a misfit of the own load curve must not
-    read as the other pool's doing.
-
-    ``used`` is what predictions and the curve's targets apply: the estimate less CROSS_Z standard errors,
-    never below 0, and 0 until CROSS_MIN_SAMPLES effective observations with the other pool's load varying.
-    On separate hardware it stays 0 and nothing changes."""
-
-    sums: list[float] = field(default_factory=lambda: [0.0] * 10)  # n, u, x, y, uu, ux, xx, uy, xy, yy
-    used: float = 0.0
-
-    def step(self, u: float, x: float, y: float) -> None:
-        keep = 1.0 - CROSS_DECAY
-        s = self.sums
-        for i, value in enumerate((1.0, u, x, y, u * u, u * x, x * x, u * y, x * y, y * y)):
-            s[i] = s[i] * keep + value
-
-    def estimate(self) -> tuple[float, float] | None:
-        """The fitted coefficient of ``x`` and its standard error, or None where the data cannot tell."""
-        n, su, sx, sy, suu, sux, sxx, suy, sxy, syy = self.sums
-        if n < CROSS_MIN_SAMPLES:
-            return None
-        # centred sums: the intercept solved out
-        cuu, cux, cxx = suu - su * su / n, sux - su * sx / n, sxx - sx * sx / n
-        cuy, cxy, cyy = suy - su * sy / n, sxy - sx * sy / n, syy - sy * sy / n
-        det = cuu * cxx - cux * cux
-        if cxx < CROSS_MIN_SPREAD or det <= 1e-6 * cuu * cxx:  # it barely moved, or moved only with the own load
-            return None
-        beta_u = (cxx * cuy - cux * cxy) / det
-        beta_x = (cuu * cxy - cux * cuy) / det
-        residual = cyy - beta_u * cuy - beta_x * cxy
-        variance = max(residual, 0.0) / max(n - 3.0, 1.0)
-        return beta_x, math.sqrt(variance * cuu / det)
-
-    def fit(self) -> tuple[float, float, float] | None:
-        """The estimate, its standard error and the spread of the other pool's busyness (for the model's view)."""
-        n, _, sx, _, _, _, sxx, *_ = self.sums
-        found = self.estimate()
-        return None if found is None else (*found, sxx - sx * sx / n)
-
-    def refresh(self) -> float:
-        """Sets ``used`` from the data, or keeps it while the data cannot tell (hardware does not change: a
-        policy that learned to keep one pool idle, or both pools busy for a long time, leaves the other pool's
-        busyness without spread; the term is not forgotten for that). Before CROSS_MIN_SAMPLES: 0."""
-        found = self.estimate()
-        if found is not None:
-            self.used = min(max(found[0] - CROSS_Z * found[1], 0.0), CROSS_MAX)
-        elif self.sums[0] < CROSS_MIN_SAMPLES:
-            self.used = 0.0
-        return self.used
 
 
 @dataclass
@@ -318,7 +244,7 @@ class _PoolState:
     segment_seen: dict[str, float] = field(default_factory=dict)  # the clock at each segment's last step
     slope: _Slope = field(default_factory=_Slope)
     acceptance_max: float = 0.0  # the largest acceptance length reported
-    cross: _Cross = field(default_factory=_Cross)
+    cross: Cross = field(default_factory=Cross)
 
     @property
     def slope_prior(self) -> float:
@@ -365,7 +291,7 @@ class Learner:
             self.predictor.observe(obs.content, acceptance, obs.output_tokens)
         if obs.output_tokens >= 2 and obs.total_s > ttft:
             u_run = u if obs.run_load is None else load_position(obs.run_load)
-            self._observe_tpot(state, obs, ttft, u_run, deviation, obs.other_busy)
+            self._observe_tpot(state, obs, ttft, u_run, deviation)
         self._remember_length(obs.segment, obs.output_tokens)
         state.samples = min(state.samples + 1.0, cap * 4)
         state.last_observed_s = obs.at_s
@@ -378,10 +304,11 @@ class Learner:
                 each.cross.refresh()
 
     def _observe_tpot(
-        self, state: _PoolState, obs: Observation, ttft: float, u: float, deviation: float | None, x: float | None
+        self, state: _PoolState, obs: Observation, ttft: float, u: float, deviation: float | None
     ) -> None:  # fmt: skip
         floor, cap = self.floor, self.cap
         target = math.log((obs.total_s - ttft) / (obs.output_tokens - 1))
+        x = obs.other_busy
         cross = state.cross.used * x if x is not None else 0.0
         target -= cross  # the curve and offsets learn the pool's speed with the other pool idle
         offset = _cell(state.tpot_offsets, obs.segment)
@@ -683,5 +610,5 @@ def _freeze_pool(state: _PoolState) -> PoolModel:
         acceptance_mean=mean if state.mean_log_acceptance.weight > 0 else None,
         acceptance_max=state.acceptance_max,
         cross=state.cross.used,
-        cross_fit=state.cross.fit(),
+        cross_fit=state.cross.last_fit,
     )

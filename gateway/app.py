@@ -43,6 +43,7 @@ from gateway.errors import (
     UnknownModel,
     error_body,
 )
+from gateway.metrics import held
 from gateway.passthrough import PassthroughRoute
 from gateway.pools import replica_states
 from gateway.proxy import ProxyRoute, parse_json_object
@@ -94,6 +95,7 @@ def create_app(
     settings = settings or Settings()
     registry = registry if registry is not None else CollectorRegistry()
     state = GatewayState(settings, registry, rng)
+    render_job = state.metrics.background.labels("metrics-render")  # how long each /metrics page held the loop
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -156,7 +158,9 @@ def create_app(
     async def metrics(request: Request) -> Response:
         if settings.metrics_need_admin:
             state.access.check_admin(request.headers)
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        with held(render_job):
+            page = generate_latest(registry)
+        return Response(page, media_type=CONTENT_TYPE_LATEST)
 
     @api.get("/v1/models", dependencies=[Depends(require_key)])
     async def models() -> dict[str, Any]:

@@ -17,10 +17,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--targets",
         default=None,
         help="comma-separated targets (default: all but specgate+json-logs and specgate+otel, which measure the "
-        "default gateway with JSON request logs or OpenTelemetry tracing on)",
+        "default gateway with JSON request logs or OpenTelemetry tracing on, specgate/keys, "
+        "specgate/reference-rules and vllm-router, vLLM Router as a peer)",
     )
     overhead.add_argument("--concurrency", default="1,64,256", help="comma-separated concurrency levels")
     overhead.add_argument("--scale", type=float, default=1.0, help="multiply request counts (0.1 for a quick run)")
+    overhead.add_argument(
+        "--pace-ms", type=float, default=20.0, help="the paced scenarios' time per token (default 20 ms)"
+    )
     overhead.add_argument("--json", type=Path, help="also write the results as JSON")
     overhead.add_argument("--rules", type=Path, help="rules file for the gateway targets (default: the shipped one)")
     overhead.add_argument(
@@ -102,7 +106,8 @@ def run_overhead(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown targets: {', '.join(unknown)} (known: {', '.join(known)})")
     concurrency = [int(c) for c in args.concurrency.split(",")]
     return overhead.main(
-        targets, concurrency, args.scale, args.json, args.rules, args.compare_to, args.rounds, args.paired
+        targets, concurrency, args.scale, args.json, args.rules, args.compare_to, args.rounds, args.paired,
+        pace_s=args.pace_ms / 1e3,
     )
 
 

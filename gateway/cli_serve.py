@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import uvicorn
 from gateway import __version__, cli_rules_suggest
 from gateway.app import SpecgateApp, create_app
 from gateway.auth import KeysError
+from gateway.collector import GarbageCollector
 from gateway.config import Settings
 from gateway.errors import MissingExtra, RulesError
 from gateway.intake import intake_protocol
@@ -92,10 +92,11 @@ def run_serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, settings.log_format)
     log_summary(app)
     # Everything built so far (FastAPI, pydantic models, the rules, metrics) lives as long as the process:
-    # freezing it keeps the cyclic collector's full passes from re-scanning it (about 90k objects; full
-    # passes went from ~60 ms to ~4 ms under load, see docs/architecture.md).
-    gc.collect()
-    gc.freeze()
+    # frozen, the cyclic collector's passes never rescan it; and while serving, what outlives an interval is
+    # frozen too, in-flight requests included (gateway/collector.py: passes of 8-57 ms became ...).
+    collector = GarbageCollector(app.state.metrics, settings.gc_freeze_interval_s, settings.gc_full_growth)
+    collector.install()
+    app.state.collector = collector
     config = uvicorn.Config(
         app,
         host=settings.host,

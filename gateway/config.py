@@ -60,6 +60,10 @@ class Settings(BaseSettings):
     health_interval_s: float = Field(default=2.0, gt=0)
     health_timeout_s: float = Field(default=2.0, gt=0)
     snapshot_interval_s: float = Field(default=0.25, gt=0)
+    # `specgate serve` only (gateway/collector.py): freeze what the cyclic collector would rescan every this
+    # many seconds (0: freeze start-up only); a full pass when the frozen objects grew this many times over.
+    gc_freeze_interval_s: float = Field(default=0.25, ge=0)
+    gc_full_growth: float = Field(default=1.0, gt=0)
     # Finished requests learned from (gateway/adaptive), at most, per second: past it, the first of each
     # snapshot refresh. The model forgets ~5 % per sample, so more would replace, not add, what it knows.
     learn_max_per_s: float = Field(default=400.0, gt=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -97,6 +98,16 @@ class HistogramSeries:
         """As ``prometheus_client``'s: the first bucket whose bound is >= ``amount``."""
         self.counts[bisect_left(self.bounds, amount)] += 1
         self.sum += amount
+
+
+@contextmanager
+def held(series: HistogramSeries) -> Iterator[None]:
+    """Observe into ``series`` how long the block took (a periodic job's hold on the event loop)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        series.observe(time.perf_counter() - started)
 
 
 class FastHistogram(Collector):
@@ -296,6 +307,21 @@ class GatewayMetrics:
             "Largest event-loop lag (a timer's lateness) over the last 5 s window.",
             registry=registry,
         )
+        # What holds the loop besides requests (gateway/collector.py, GatewayState.timed): how long each pass of
+        # the cyclic collector and each run of a periodic job took, in one histogram each.
+        stall_buckets = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)
+        self.gc_pause = FastHistogram(
+            "specgate_gc_pause_seconds", "Pauses of the cyclic garbage collector, per generation ('full': the "
+            "collector's safety pass over the frozen objects).", ["generation"], stall_buckets, registry,
+        )  # fmt: skip
+        self.gc_full_passes = Counter(
+            "specgate_gc_full_passes", "Full collections run because memory outgrew its base (gateway/collector.py).",
+            registry=registry,
+        )  # fmt: skip
+        self.background = FastHistogram(
+            "specgate_background_seconds", "How long each run of a periodic job held the event loop.", ["job"],
+            stall_buckets, registry,
+        )  # fmt: skip
         self.rule_reloads.labels("ok")
         self.rule_reloads.labels("rejected")
         self.key_reloads.labels("ok")

@@ -32,7 +32,7 @@ from gateway.health import HealthChecker
 from gateway.limits import Limiter
 from gateway.logs import RequestIds, RequestLog
 from gateway.looplag import LoopLagMonitor
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, held
 from gateway.pools import PoolSet
 from gateway.qps import LocalQps
 from gateway.rules import RoutingRules, default_rules, load_rules
@@ -42,6 +42,7 @@ from gateway.snapshot import POOL_NAMES, Snapshot
 from gateway.upstream import Upstream, make_upstream
 
 if TYPE_CHECKING:
+    from gateway.collector import GarbageCollector
     from gateway.tracing import RequestTracer
 
 log = logging.getLogger("specgate")
@@ -62,6 +63,7 @@ class GatewayState:
     def __init__(self, settings: Settings, registry: CollectorRegistry, rng: random.Random | None = None) -> None:
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
+        self._snapshot_job = self.metrics.background.labels("snapshot")  # how long each refresh held the loop
         self.pools = PoolSet(self.metrics, rng, breaker_policy(settings))
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
@@ -80,11 +82,15 @@ class GatewayState:
         self.signals = SignalHub(
             settings, targets=self._scrape_targets, local_qps=lambda: self.qps.rate(time.monotonic()),
             registry=registry, inflight=self._inflight_on,
+            scrape_timing=self.metrics.background.labels("engine-scrape"),
         )
         self.snapshot = Snapshot(pools=self.pools.pool_snapshots())
         alive_s = 3 * settings.model_sync_interval_s  # a replica that missed three syncs is gone
         self.model_sync = (
-            ModelSync(self.learner, self.signals.store, settings.model_ttl_s, alive_s=alive_s)
+            ModelSync(
+                self.learner, self.signals.store, settings.model_ttl_s, alive_s=alive_s,
+                timing=self.metrics.background.labels("model-sync"),
+            )
             if settings.redis_url
             else None
         )
@@ -95,6 +101,7 @@ class GatewayState:
         self.request_ids = RequestIds()
         self.request_log = RequestLog() if settings.log_format == "json" else None
         self.tracer: RequestTracer | None = None
+        self.collector: GarbageCollector | None = None  # set by `specgate serve` (gateway/collector.py)
         if settings.tracing == "otel":
             self.tracer = _otel_tracer()
 
@@ -123,6 +130,10 @@ class GatewayState:
 
     # -- snapshot ------------------------------------------------------------------------------------
     def refresh_snapshot(self) -> None:
+        with held(self._snapshot_job):
+            self._refresh_snapshot()
+
+    def _refresh_snapshot(self) -> None:
         self.flush_observations()
         self.pool_models = frozenset(self.pools.models())
         snapshot = self.signals.build_snapshot(self.pools.pool_snapshots())
@@ -242,6 +253,8 @@ class GatewayState:
         self.add_task(checker.run(), "health")
         self.add_task(self._snapshot_loop(), "snapshot")
         self.add_task(self.sweeper.run(), "deadlines")
+        if self.collector is not None:
+            self.add_task(self.collector.run(), "gc-freeze")
         self.access.announce()
         if self.settings.redis_url:
             interval = self.settings.redis_sync_interval_s

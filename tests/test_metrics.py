@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.metrics import LATENCY_BUCKETS, RATIO_BUCKETS, FastHistogram, GatewayMetrics
+from tests.conftest import Gateway
 
 
 def _samples(registry: CollectorRegistry) -> list[tuple[str, dict[str, str], float]]:
@@ -63,3 +66,19 @@ def test_the_gateways_latency_histograms_count_what_they_observe() -> None:
     assert registry.get_sample_value("specgate_request_duration_seconds_bucket", {"pool": "standard", "le": "2.5"}) == 1
     assert registry.get_sample_value("specgate_tpot_seconds_sum", {"pool": "standard"}) == pytest.approx(0.01)
     assert registry.get_sample_value("specgate_ttft_seconds_created", {"pool": "standard"}) is not None
+
+
+def test_the_gateway_times_its_periodic_jobs_and_its_metrics_page(gateway: Callable[..., Gateway]) -> None:
+    gw = gateway()
+    httpx.get(f"{gw.url}/metrics")  # the first page's render is timed into the next page
+    page = httpx.get(f"{gw.url}/metrics").text
+    counts = {
+        s.labels["job"]: s.value
+        for family in text_string_to_metric_families(page)
+        if family.name == "specgate_background_seconds"
+        for s in family.samples
+        if s.name.endswith("_count")
+    }
+    assert counts.get("metrics-render", 0) >= 1
+    assert counts.get("snapshot", 0) >= 1  # every snapshot refresh (health rounds, the snapshot loop)
+    assert "specgate_gc_pause_seconds" in page  # a family even before `specgate serve` installs the collector

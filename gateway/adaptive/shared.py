@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 
 from gateway.adaptive.learner import EXPORT_FORMAT, Learner
+from gateway.metrics import HistogramSeries, held
 from gateway.signals.store import Estimate, SharedState, SharedStateUnavailable
 
 log = logging.getLogger("specgate")
@@ -25,8 +27,9 @@ log = logging.getLogger("specgate")
 
 class ModelSync:
     def __init__(
-        self, learner: Learner, store: SharedState, ttl_s: float, owner: str | None = None, *, alive_s: float = 6.0
-    ) -> None:
+        self, learner: Learner, store: SharedState, ttl_s: float, owner: str | None = None, *, alive_s: float = 6.0,
+        timing: HistogramSeries | None = None,
+    ) -> None:  # fmt: skip
         self.learner = learner
         self.store = store
         self.ttl_s = ttl_s
@@ -36,10 +39,12 @@ class ModelSync:
         self.ok: bool | None = None  # None: not tried yet
         self.syncs = 0
         self.space = f"est:v{EXPORT_FORMAT}"
+        self.timing = timing  # how long the export and the absorb held the loop (each on its own)
 
     async def sync(self, now: float) -> bool:
         """Publish this replica's numbers and take in everyone's. False when the store did not answer."""
-        exported = {name: Estimate(value, weight) for name, (value, weight) in self.learner.export().items()}
+        with self._held():
+            exported = {name: Estimate(value, weight) for name, (value, weight) in self.learner.export().items()}
         try:
             await self.store.put_estimates(self.owner, exported, now, self.ttl_s, self.space)
             shared = await self.store.get_estimates(now, self.ttl_s, self.space)
@@ -54,5 +59,9 @@ class ModelSync:
         self.ok = True
         self.syncs += 1
         self.gateways = max(1, live)
-        self.learner.absorb({name: (e.value, e.weight) for name, e in shared.items()})
+        with self._held():
+            self.learner.absorb({name: (e.value, e.weight) for name, e in shared.items()})
         return True
+
+    def _held(self) -> AbstractContextManager[None]:
+        return held(self.timing) if self.timing is not None else nullcontext()

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -69,7 +70,7 @@ class Result:
 MIN_REQUESTS = 300  # so even a quick run gives a proxy ~0.1 s of CPU to average (a GC pass is a few ms)
 
 
-def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
+def scenarios(scale: float, concurrency: Sequence[int], pace_s: float = 0.02) -> list[Scenario]:
     def n(count: int) -> int:
         return max(MIN_REQUESTS, int(count * scale))
 
@@ -78,7 +79,8 @@ def scenarios(scale: float, concurrency: Sequence[int]) -> list[Scenario]:
         out.append(Scenario(f"non-stream c{c}", False, c, 16, 0.0, n(600 if c == 1 else 3000)))
         out.append(Scenario(f"stream 64 chunks c{c}", True, c, 64, 0.0, n(300 if c == 1 else 1500)))
         if c > 1:
-            out.append(Scenario(f"paced stream 64x20ms c{c}", True, c, 64, 0.02, max(2 * c, n(c * 4))))
+            name = f"paced stream 64x{pace_s * 1e3:g}ms c{c}"
+            out.append(Scenario(name, True, c, 64, pace_s, max(2 * c, n(c * 4))))
     return out
 
 
@@ -95,7 +97,9 @@ TARGETS = (
 # so the difference to "specgate" is what authentication and limits cost. Every target gets the same header.
 # "specgate/reference-rules": the default gateway routing by gateway/rules-reference.yaml (no learned model), so
 # the difference to "specgate" is what the adaptive policy costs (predictions, learning, fresh in-flight counts).
-EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys", "specgate/reference-rules")
+# "vllm-router": vLLM Router (PyPI vllm-router, the Rust router of the vLLM project) over the same upstream listed
+# twice (its power-of-two policy needs two workers), as a peer: what a compiled router costs on the same path.
+EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys", "specgate/reference-rules", "vllm-router")
 BENCH_KEY = "sk-bench-overhead"
 BENCH_KEYS = f"keys: [{{name: bench, key: {BENCH_KEY}, rpm: 1000000000, tpm: 1000000000, concurrency: 100000}}]"
 
@@ -105,10 +109,12 @@ def process(
     args: list[str], cpu: set[int] | None, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     child_env = {**os.environ, **env} if env else None
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env, cwd=cwd)
+    # pinned before it runs, so threads it starts (vLLM Router's runtime spawns one per CPU it may use) are too
+    pin = (lambda: os.sched_setaffinity(0, cpu)) if cpu else None
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env, cwd=cwd, preexec_fn=pin
+    )
     try:
-        if cpu:
-            os.sched_setaffinity(proc.pid, cpu)
         yield proc
     finally:
         proc.terminate()
@@ -123,12 +129,29 @@ def proxy_command(target: str, port: int, upstream: str) -> list[str]:
     py = sys.executable
     if target == "minimal-aiohttp-proxy":
         return [py, "-m", "gateway.bench.minimal_proxy", "--port", str(port), "--upstream", upstream]
+    if target == "vllm-router":
+        return vllm_router_command(port, upstream)
     client = {"specgate": "auto", "specgate/aiohttp": "aiohttp", "specgate/httpx": "httpx",
               "specgate/httpx-aiohttp": "httpx-aiohttp", "specgate+json-logs": "auto",
               "specgate+otel": "auto", "specgate/keys": "auto", "specgate/reference-rules": "auto"}[target]  # fmt: skip
     extra = ["--log-format", "json"] if target == "specgate+json-logs" else []
     return [py, "-m", "gateway.cli", "serve", "--standard", upstream, "--speculative", upstream,
             "--port", str(port), "--upstream-client", client, *extra]  # fmt: skip
+
+
+def vllm_router_command(port: int, upstream: str) -> list[str]:
+    """vLLM Router in front of ``upstream``: power of two choices (specgate's replica choice) over the upstream
+    given twice, no queue limit below the benchmark's concurrency, no retries, metrics on a port of its own."""
+    binary = Path(sys.executable).with_name("vllm-router")
+    if not binary.exists():
+        found = shutil.which("vllm-router")
+        if found is None:
+            raise SystemExit("the vllm-router target needs vLLM Router: pip install vllm-router (in the dev extras)")
+        binary = Path(found)
+    return [str(binary), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream, upstream,
+            "--policy", "power_of_two", "--max-concurrent-requests", "65536", "--disable-retries",
+            "--prometheus-port", str(free_port()), "--log-level", "warning",
+            "--request-timeout-secs", str(int(REQUEST_TIMEOUT_S))]  # fmt: skip
 
 
 def proxy_env(target: str, upstream: str) -> dict[str, str]:
@@ -306,9 +329,10 @@ def main(
     compare_to: str | None = None,
     rounds: int = 3,
     paired: bool = False,
+    pace_s: float = 0.02,
 ) -> int:
     console = Console(width=160)
-    plan = scenarios(scale, concurrency)
+    plan = scenarios(scale, concurrency, pace_s)
     if compare_to is not None or paired:
         return compare(targets, plan, rules, compare_to, rounds, json_out, console, paired, scale)
     console.print(f"[bold]specgate bench overhead[/]: {len(targets)} targets x {len(plan)} scenarios")

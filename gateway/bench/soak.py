@@ -75,6 +75,18 @@ class Sample:
 
 
 @dataclass
+class StallSource:
+    """What one source of event-loop holds (a collector generation, a periodic job) did over a run, from the
+    gateway's ``specgate_gc_pause_seconds`` / ``specgate_background_seconds`` histograms."""
+
+    source: str
+    count: float
+    total_ms: float
+    over_10ms: float  # holds longer than 10 ms (the loop-lag target)
+    worst_le_ms: float | None  # the smallest bucket bound every hold fits under (None: one was above the last)
+
+
+@dataclass
 class Phase:
     target: str
     duration_s: float
@@ -87,6 +99,7 @@ class Phase:
     ttfb_p99_ms: float
     samples: list[Sample] = field(default_factory=list)
     probe_errors: list[str] = field(default_factory=list)  # /metrics scrapes that failed (the sample kept RSS, fds)
+    stalls: list[StallSource] = field(default_factory=list)  # as of the last /metrics page
 
 
 @dataclass
@@ -142,6 +155,36 @@ def process_stats(pid: int) -> tuple[float, int]:
     return rss_kb / 1024, len(os.listdir(f"/proc/{pid}/fd"))
 
 
+STALL_FAMILIES = {"specgate_gc_pause_seconds": ("gc", "generation"), "specgate_background_seconds": ("job", "job")}
+
+
+def stall_sources(text: str) -> list[StallSource]:
+    """Each collector generation's pauses and each periodic job's holds, from a /metrics page."""
+    out: dict[str, StallSource] = {}
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        kind = STALL_FAMILIES.get(family.name)
+        if kind is None:
+            continue
+        for s in family.samples:
+            name = f"{kind[0]} {s.labels.get(kind[1], '?')}"
+            source = out.setdefault(name, StallSource(name, 0.0, 0.0, 0.0, None))
+            if s.name.endswith("_count"):
+                source.count = s.value
+            elif s.name.endswith("_sum"):
+                source.total_ms = s.value * 1e3
+            elif s.name.endswith("_bucket"):
+                buckets.setdefault(name, []).append((float(s.labels["le"]), s.value))
+    for name, cumulative in buckets.items():
+        cumulative.sort()
+        source = out[name]
+        within_10ms = max((n for le, n in cumulative if le <= 0.01), default=0.0)
+        source.over_10ms = source.count - within_10ms
+        worst = next((le for le, n in cumulative if n >= source.count), None)
+        source.worst_le_ms = None if worst is None or worst == float("inf") else worst * 1e3
+    return [s for s in out.values() if s.count]
+
+
 def gateway_gauges(text: str) -> tuple[float | None, dict[str, float]]:
     """The loop-lag gauge (seconds) and the 5xx answers by status and reason, from a /metrics page."""
     lag: float | None = None
@@ -192,6 +235,7 @@ class Sampler:
         self.config, self.result, self.url, self.pid, self.cpu = config, result, url, pid, cpu
         self.samples: list[Sample] = []
         self.probe_errors: list[str] = []
+        self.stalls: list[StallSource] = []
 
     async def run(self, started: float, console: Console) -> None:
         # a fresh connection per probe: a kept-alive one would race uvicorn's 5 s keep-alive timeout (ReadError)
@@ -224,6 +268,7 @@ class Sampler:
         page = await http.get("/metrics")
         sample.scrape_ms = (time.perf_counter() - scrape) * 1e3
         lag, sample.gateway_5xx_by = gateway_gauges(page.text)
+        self.stalls = stall_sources(page.text)
         sample.gateway_5xx = sum(sample.gateway_5xx_by.values())
         sample.loop_lag_ms = None if lag is None else lag * 1e3
 
@@ -266,7 +311,7 @@ async def _phase(target: str, url: str, duration_s: float, config: SoakConfig, p
         target=target, duration_s=duration_s, completed=len(result.latencies), errors=result.errors,
         steady_rps=rps, p50_ms=percentile(result.latencies, 50) * 1e3, p99_ms=percentile(result.latencies, 99) * 1e3,
         ttfb_p50_ms=percentile(result.ttfbs, 50) * 1e3, ttfb_p99_ms=percentile(result.ttfbs, 99) * 1e3,
-        samples=sampler.samples, probe_errors=sampler.probe_errors,
+        samples=sampler.samples, probe_errors=sampler.probe_errors, stalls=sampler.stalls,
     )  # fmt: skip
 
 

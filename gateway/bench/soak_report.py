@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 MAX_ROWS = 24
 CPU_BOUND = 0.9  # a share of a core (the gateway, the apparatus) or of the machine past which it limits the run
+LAG_TARGET_MS = 10.0  # issue 30: the event loop lags at most this in every 5 s window
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -58,6 +59,22 @@ def summary_table(result: SoakResult) -> Table:
     return table
 
 
+def stalls_table(result: SoakResult) -> Table | None:
+    """What held the gateway's event loop besides requests, by source, over the whole run."""
+    stalls = sorted(result.gateway.stalls, key=lambda s: -s.total_ms)
+    if not stalls:
+        return None
+    minutes = result.gateway.duration_s / 60
+    table = Table(title="what held the gateway's event loop besides requests (its own histograms, whole run)")
+    for column in ("source", "count", "per min", "mean ms", "total ms", "> 10 ms", "longest <="):
+        table.add_column(column, justify="left" if column == "source" else "right")
+    for s in stalls:
+        worst = "> 250 ms" if s.worst_le_ms is None else f"{s.worst_le_ms:g} ms"
+        table.add_row(s.source, f"{s.count:.0f}", f"{s.count / minutes:.1f}", f"{s.total_ms / s.count:.2f}",
+                      f"{s.total_ms:.0f}", f"{s.over_10ms:.0f}", worst)  # fmt: skip
+    return table
+
+
 def verdicts(result: SoakResult) -> list[str]:
     growth, slope = result.rss_growth(), result.rss_slope_mb_per_min()
     lags = [s.loop_lag_ms for s in result.gateway.samples if s.loop_lag_ms is not None]
@@ -72,7 +89,9 @@ def verdicts(result: SoakResult) -> list[str]:
                      f"trend {slope or 0:+.2f} MiB/min  {mark[growth < RSS_TARGET]}")  # fmt: skip
     if lags:
         median = sorted(lags)[len(lags) // 2]
-        lines.append(f"event-loop lag (5 s windows): median {median:.1f} ms, max {max(lags):.1f} ms")
+        over = sum(1 for lag in lags if lag > LAG_TARGET_MS)
+        lines.append(f"event-loop lag (5 s windows): median {median:.1f} ms, max {max(lags):.1f} ms, "
+                     f"{over} of {len(lags)} windows over {LAG_TARGET_MS:g} ms  {mark[over == 0]}")  # fmt: skip
     if fds:
         lines.append(f"open fds after the warm-up: {min(fds)}..{max(fds)}")
     lines += cpu_lines(result)
@@ -120,6 +139,9 @@ def cpu_lines(result: SoakResult) -> list[str]:
 def render(result: SoakResult, console: Console) -> None:
     console.print(samples_table(result))
     console.print(summary_table(result))
+    stalls = stalls_table(result)
+    if stalls is not None:
+        console.print(stalls)
     for line in verdicts(result):
         console.print(line)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import httpx
 
+from gateway.metrics import HistogramSeries, held
 from gateway.signals.vllm_metrics import (
     AcceptanceWindow,
     EngineStats,
@@ -108,8 +110,10 @@ class EnginePoller:
         stale_after_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         inflight: Callable[[ScrapeTarget], int] | None = None,
+        timing: HistogramSeries | None = None,
     ) -> None:
         self._client = client
+        self._timing = timing  # how long each page's parse held the loop
         self._inflight = inflight or _none_in_flight  # this gateway's requests on a replica now
         self._targets = targets
         self._timeout = httpx.Timeout(timeout_s)
@@ -130,7 +134,8 @@ class EnginePoller:
         try:
             response = await self._client.get(state.target.metrics_url, timeout=self._timeout)
             response.raise_for_status()
-            stats = parse_vllm_metrics(response.text)
+            with held(self._timing) if self._timing is not None else nullcontext():
+                stats = parse_vllm_metrics(response.text)
         except (httpx.HTTPError, MetricsParseError) as exc:
             state.error = f"{type(exc).__name__}: {exc}"
             return

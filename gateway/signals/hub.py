@@ -28,6 +28,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.config import Settings
+from gateway.metrics import HistogramSeries
 from gateway.signals.engine_poller import EnginePoller, ScrapeTarget
 from gateway.signals.prometheus import PrometheusPoller
 from gateway.signals.shared_qps import SharedQps
@@ -99,8 +100,10 @@ class SignalHub:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         inflight: Callable[[ScrapeTarget], int] | None = None,
+        scrape_timing: HistogramSeries | None = None,
     ) -> None:
         self.settings = settings
+        self._scrape_timing = scrape_timing
         self._targets = targets
         self._inflight = inflight  # this gateway's requests on a replica now, read around each engine scrape
         self._local_qps = local_qps
@@ -153,6 +156,7 @@ class SignalHub:
             stale_after_s=s.engine_stale_after_s,
             clock=self._clock,
             inflight=self._inflight,
+            timing=self._scrape_timing,
         )
         self._spawn("engine-metrics", self.engines.scrape_once, s.engine_metrics_interval_s)
         if self.prometheus is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gateway.adaptive.learner import EXPORT_FORMAT, Learner, Observation
 from gateway.adaptive.shared import ModelSync
+from gateway.metrics import HistogramSeries
 from gateway.signals.store import Estimate, MemorySharedState, SharedStateUnavailable
 
 
@@ -21,6 +22,12 @@ async def test_a_fresh_replica_takes_in_what_another_of_its_format_learned() -> 
     assert await ModelSync(fresh, store, ttl_s=30, owner="gw-b").sync(now=101.0)
     assert fresh.model().samples("speculative") > 0
     assert fresh.export().keys() >= taught().export().keys()
+
+
+async def test_the_export_and_the_absorb_are_each_timed_but_not_the_store() -> None:
+    timing = HistogramSeries((0.001, 0.01))
+    assert await ModelSync(taught(), MemorySharedState(), ttl_s=30, owner="gw-a", timing=timing).sync(now=100.0)
+    assert sum(timing.counts) == 2
 
 
 async def test_numbers_written_in_another_format_are_not_blended_in() -> None:

@@ -38,6 +38,19 @@ def test_overhead_benchmark_runs_every_target_kind() -> None:
     assert "vs direct" in console.export_text()
 
 
+def test_vllm_router_is_measured_as_a_peer_on_the_same_apparatus() -> None:
+    plan = [Scenario("non-stream c2", False, 2, 8, 0.0, 30), Scenario("paced c4", True, 4, 8, 0.002, 30)]
+    results = run(["vllm-router"], plan, Console(record=True, width=200))
+    assert [r.target for r in results] == ["vllm-router", "vllm-router"]
+    assert all(r.errors == 0 and r.requests == 30 for r in results)
+    assert all(r.cpu_ms_per_request is not None and r.cpu_ms_per_request > 0 for r in results)
+
+
+def test_the_paced_scenarios_take_the_pace_they_are_given() -> None:
+    paced = [s for s in scenarios(1.0, [256], pace_s=0.01) if s.interval_s]
+    assert [(s.name, s.interval_s) for s in paced] == [("paced stream 64x10ms c256", 0.01)]
+
+
 def test_scenarios_cover_paced_streams_at_high_concurrency() -> None:
     plan = scenarios(1.0, [1, 64, 256])
     assert any(s.interval_s > 0 and s.concurrency == 256 for s in plan)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from gateway.metrics import HistogramSeries
 from gateway.signals.engine_poller import EnginePoller, ScrapeTarget
 
 
@@ -123,6 +124,19 @@ async def test_http_error_status_marks_stale(clock: Clock) -> None:
     await poller.scrape_once()
     [view] = poller.replicas()
     assert view.error is not None and "503" in view.error
+
+
+async def test_each_page_parse_is_timed_and_a_failed_fetch_is_not(engines: FakeEngines, clock: Clock) -> None:
+    engines.texts = {"std-a": metrics_text(1, 0, 0.1, None), "spec-a": metrics_text(2, 1, 0.2, (10, 30, 100))}
+    timing = HistogramSeries((0.001, 0.01))
+    client = httpx.AsyncClient(transport=httpx.MockTransport(engines.handler))
+    poller = EnginePoller(client, lambda: [STD_A, SPEC_A], clock=clock, timing=timing)
+    await poller.scrape_once()
+    assert sum(timing.counts) == 2 and timing.sum > 0  # one parse per replica's page
+    failing = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(503, text="busy")))
+    timing_failed = HistogramSeries((0.001,))
+    await EnginePoller(failing, lambda: [STD_A], clock=clock, timing=timing_failed).scrape_once()
+    assert sum(timing_failed.counts) == 0
 
 
 async def test_removed_targets_are_forgotten(engines: FakeEngines, clock: Clock) -> None:

@@ -63,3 +63,17 @@ def test_the_gateways_latency_histograms_count_what_they_observe() -> None:
     assert registry.get_sample_value("specgate_request_duration_seconds_bucket", {"pool": "standard", "le": "2.5"}) == 1
     assert registry.get_sample_value("specgate_tpot_seconds_sum", {"pool": "standard"}) == pytest.approx(0.01)
     assert registry.get_sample_value("specgate_ttft_seconds_created", {"pool": "standard"}) is not None
+
+
+def test_prefix_counts_scrape_as_counters_per_pool_and_replica() -> None:
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    counts = metrics.prefix_counts("standard", "http://a:1")
+    assert metrics.prefix_counts("standard", "http://a:1") is counts
+    counts.queries += 10
+    counts.hits += 7
+    labels = {"pool": "standard", "replica": "http://a:1"}
+    assert registry.get_sample_value("specgate_prefix_cache_queries_total", labels) == 10
+    assert registry.get_sample_value("specgate_prefix_cache_hits_total", labels) == 7
+    families = {f.name: f.type for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert families["specgate_prefix_cache_queries"] == families["specgate_prefix_cache_hits"] == "counter"

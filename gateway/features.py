@@ -185,7 +185,7 @@ def request_features(
     content = None
     if reader is not None:
         content = reader.read(system, user, task, copy, prompt_tokens, max_tokens, n, temperature, n * prompts)
-    return RequestFeatures(
+    features = RequestFeatures(
         model=model,
         max_tokens=max_tokens,
         prompt_tokens=prompt_tokens,
@@ -202,9 +202,10 @@ def request_features(
         slo_e2e_ms=_slo(headers, "x-specgate-slo-e2e-ms"),
         prompts=prompts,
         content=content,
-        blocks=prefix[0] if prefix is not None else (),
-        session=prefix[1] if prefix is not None else None,
     )
+    if prefix is not None:  # set here, not passed above: with the index off, the features cost what they did
+        features.blocks, features.session = prefix
+    return features
 
 
 # A long quoted passage, as (opener, pattern, what the pattern's search needs before the text): "..." of 120+

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from gateway.bench.prefix_index import measure_memory, session_messages
 from gateway.prefix_index import BLOCK_BYTES, PrefixIndex, PrefixReader, chain
 
 SYSTEM = "You are a careful assistant for a bookshop. " * 30  # ~1.3 KiB: two full blocks
@@ -171,15 +170,6 @@ def test_keep_forgets_removed_replicas() -> None:
     assert index.held("a") == 0 and index.held("b") == 1
 
 
-def test_memory_is_bounded_by_the_capacity_not_the_sessions() -> None:
-    small = measure_memory(sessions=200, replicas=2, turns=2, capacity=64)
-    more = measure_memory(sessions=2000, replicas=2, turns=2, capacity=64)
-    assert small.values_held == more.values_held == 2 * 64
-    assert more.bytes_held < 1.3 * small.bytes_held + 4096
-    assert more.bytes_per_value < 400
-    assert more.later_turn_hit_share > 0.5  # each session's next turn found on its replica
-
-
 def test_memory_measurement_counts_what_the_index_holds() -> None:
     tracemalloc.start()
     try:
@@ -191,8 +181,3 @@ def test_memory_measurement_counts_what_the_index_holds() -> None:
     finally:
         tracemalloc.stop()
     assert index.held("a") == 1000 and 40_000 < held < 400_000
-
-
-def test_session_messages_resend_the_history() -> None:
-    turns = session_messages(3, 3)
-    assert len(turns) == 3 and turns[2][: len(turns[1])] == turns[1]

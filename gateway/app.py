@@ -43,6 +43,7 @@ from gateway.errors import (
     UnknownModel,
     error_body,
 )
+from gateway.features import RequestFeatures
 from gateway.metrics import held
 from gateway.passthrough import PassthroughRoute
 from gateway.pools import replica_states
@@ -87,7 +88,8 @@ class SpecgateApp:
         await self.api(scope, receive, send)
 
 
-_UNSHOWN = frozenset({"headers", "content", "known"})  # explain shows the features but these (no text, no secrets)
+# explain shows the features but these (no text, no secrets; the prompt's blocks are summed up under "prefix")
+_UNSHOWN = frozenset({"headers", "content", "known", "blocks"})
 
 def create_app(
     settings: Settings | None = None, registry: CollectorRegistry | None = None, *, rng: random.Random | None = None
@@ -201,6 +203,7 @@ def create_app(
             "predictions": [prediction_view(p, objective) for p in predictions(features, snapshot, rules)],
             "model": {"warm": is_warm(snapshot, rules.adaptive), "observations": state.learner.observations},
             "features": {f.name: getattr(features, f.name) for f in fields(features) if f.name not in _UNSHOWN},
+            "prefix": prefix_view(state, features),
             "snapshot": {
                 "qps": snapshot.qps,
                 "qps_source": snapshot.qps_source,
@@ -221,6 +224,18 @@ def create_app(
     admin.register(api, state)
     register_docs(api, state)
     return SpecgateApp(state, api, routes, PassthroughRoute(state, owners))
+
+
+def prefix_view(state: GatewayState, features: RequestFeatures) -> dict[str, Any]:
+    """What the prefix index expects of the request: its blocks read, its session key, and per pool each replica's
+    expected hit and whether its load lets it win on it (``gateway/pools.py``'s rule)."""
+    blocks = features.blocks
+    return {
+        "on": state.ruleset.classifier.prefixes is not None,
+        "blocks": len(blocks),
+        "session": features.session,
+        "pools": state.pools.expected_hits(blocks),
+    }
 
 
 def sees_operator_detail(state: GatewayState, headers: Mapping[str, str]) -> bool:

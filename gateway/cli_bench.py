@@ -94,6 +94,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     decide = bench_sub.add_parser("decide", help="the cost of one routing decision per policy (micro-benchmark)")
     decide.add_argument("--rounds", type=int, default=20_000, help="calls timed per row")
     decide.set_defaults(func=run_decide)
+    prefix = bench_sub.add_parser("prefix-index", help="the prefix index's memory for N sessions and its cost per call")
+    prefix.add_argument("--sessions", type=int, default=100_000, help="synthetic chat sessions (default 100,000)")
+    prefix.add_argument("--replicas", type=int, default=4, help="replicas the sessions spread over (default 4)")
+    prefix.add_argument("--turns", type=int, default=3, help="turns per session (default 3)")
+    prefix.add_argument("--capacity", type=int, default=None, help="values per replica (default: the setting's)")
+    prefix.add_argument("--rounds", type=int, default=20_000, help="calls timed per row")
+    prefix.set_defaults(func=run_prefix_index)
 
 
 def run_overhead(args: argparse.Namespace) -> int:
@@ -131,6 +138,14 @@ def run_decide(args: argparse.Namespace) -> int:
     from gateway.bench import decide
 
     return decide.main(args.rounds)
+
+
+def run_prefix_index(args: argparse.Namespace) -> int:
+    from gateway.bench import prefix_index
+    from gateway.prefix_index import BLOCKS_PER_REPLICA
+
+    capacity = args.capacity or BLOCKS_PER_REPLICA
+    return prefix_index.main(args.sessions, args.replicas, args.turns, capacity, args.rounds)
 
 
 def run_route(args: argparse.Namespace) -> int:

@@ -57,6 +57,12 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     drain_delay_s: float = Field(default=0.0, ge=0)  # keep accepting this long (0: a Helm preStop sleep does it)
 
+    # The prefix index (gateway/prefix_index.py): a replica is chosen by where the prompt's prefix is likely cached.
+    # auto: on when a pool has more than one replica; on: always (blocks and session keys read on every request).
+    prefix_index: Literal["auto", "on", "off"] = "auto"
+    prefix_index_blocks_per_replica: int = Field(default=2048, ge=16)  # 512-byte blocks (~128 tokens) remembered
+    prefix_index_read_bytes: int = Field(default=16 * 1024, ge=256, le=1024 * 1024)  # text hashed per request
+
     health_interval_s: float = Field(default=2.0, gt=0)
     health_timeout_s: float = Field(default=2.0, gt=0)
     snapshot_interval_s: float = Field(default=0.25, gt=0)

@@ -16,6 +16,7 @@ from typing import Any
 from gateway.adaptive.content import Content, ContentReader
 from gateway.bounds import length_bound, prompt_count, sequences
 from gateway.errors import InvalidRequest
+from gateway.prefix_index import PrefixReader, PromptPrefix
 from gateway.rules import RoutingRules
 
 # System prompts cached per Classifier. Keys are the first ``classify_chars`` characters (all that
@@ -45,6 +46,9 @@ class RequestFeatures:
     # reference (backends/emulator), never from a request; the model then predicts from these, not estimates
     known: tuple[float, int] | None = None
     content: Content | None = None  # what the request's text says, for the per-request predictor (adaptive)
+    # the prompt's chained block values (gateway/prefix_index.py), read only while the prefix index is on
+    blocks: tuple[int, ...] = ()
+    session: str | None = None  # the session key (x-session-id, else the first turn with `user`), index on only
 
     @property
     def sequences(self) -> int:
@@ -60,7 +64,9 @@ class Classifier:
     ``_CACHE_LIMIT`` entries); user prompts are not.
     """
 
-    def __init__(self, rules: RoutingRules, *, read_content: bool | None = None) -> None:
+    def __init__(
+        self, rules: RoutingRules, *, read_content: bool | None = None, prefixes: PrefixReader | None = None
+    ) -> None:
         self._default = rules.defaults.task
         self._chars = rules.defaults.classify_chars
         self._tasks = [
@@ -73,6 +79,7 @@ class Classifier:
         if read_content is None:
             read_content = rules.uses_fastest
         self.content = ContentReader() if read_content else None
+        self.prefixes = prefixes  # set while the prefix index is on: each request's blocks and session key
 
     def classify(self, system: str | None, user: str | None) -> str:
         return self.classify_with_template(system, user)[0]
@@ -147,18 +154,28 @@ def extract_features(
         prompts = prompt_count(body.get("prompt"))
     bound = length_bound(body)  # every spelling checked; the largest counts
     max_tokens = bound[1] if bound is not None else rules.defaults.max_tokens
+    prefix: PromptPrefix | None = None
+    reader = classifier.prefixes
+    if reader is not None:
+        if kind == "chat":
+            prefix = reader.chat(body["messages"], body.get("user"), headers)
+        else:
+            prefix = reader.completion(body["prompt"], body.get("user"), headers)
     return request_features(
-        body, headers, classifier, model, max_tokens, chars, system, user, draw, has_n=True, prompts=prompts
-    )
+        body, headers, classifier, model, max_tokens, chars, system, user, draw, has_n=True, prompts=prompts,
+        prefix=prefix,
+    )  # fmt: skip
 
 
 def request_features(
     body: Mapping[str, Any], headers: Mapping[str, str], classifier: Classifier, model: str, max_tokens: int,
     prompt_tokens: int, system: str | None, user: str | None, draw: float | None, *, has_n: bool, prompts: int = 1,
+    prefix: PromptPrefix | None = None,
 ) -> RequestFeatures:  # fmt: skip
     """The features every routed endpoint shares, once the endpoint has read its model, length and texts:
     task, stream, n (where the endpoint has it), temperature, the request's draw, the copy cue and the
-    routing headers (objective, SLOs), validated in that order."""
+    routing headers (objective, SLOs), validated in that order; ``prefix``: the prompt's blocks and session key
+    where the prefix index read them."""
     task, template = classifier.classify_with_template(system, user)
     stream = _optional(body, "stream", bool, False)
     n = sequences(body) if has_n else 1  # n, or vLLM's best_of when larger
@@ -168,7 +185,7 @@ def request_features(
     content = None
     if reader is not None:
         content = reader.read(system, user, task, copy, prompt_tokens, max_tokens, n, temperature, n * prompts)
-    return RequestFeatures(
+    features = RequestFeatures(
         model=model,
         max_tokens=max_tokens,
         prompt_tokens=prompt_tokens,
@@ -186,6 +203,9 @@ def request_features(
         prompts=prompts,
         content=content,
     )
+    if prefix is not None:  # set here, not passed above: with the index off, the features cost what they did
+        features.blocks, features.session = prefix
+    return features
 
 
 # A long quoted passage, as (opener, pattern, what the pattern's search needs before the text): "..." of 120+

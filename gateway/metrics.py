@@ -83,6 +83,43 @@ class KeyCollector(Collector):
         yield from (requests, tokens, limited)
 
 
+class PrefixCounts:
+    """One replica's prefix-index counts, in blocks of prompt text (``gateway/prefix_index.py``): blocks of the
+    prompts booked on it, and the leading ones it was expected to hold. Plain integers, added to on the request
+    path without a lock; :class:`PrefixCollector` turns them into series at scrape time."""
+
+    __slots__ = ("hits", "queries")
+
+    def __init__(self) -> None:
+        self.queries = self.hits = 0
+
+
+class PrefixCollector(Collector):
+    """``specgate_prefix_cache_queries`` and ``_hits`` per pool and replica (as vLLM's ``vllm:prefix_cache_*``,
+    but expected by the gateway's index, and in 256-byte blocks of text rather than tokens)."""
+
+    def __init__(self, counts: dict[tuple[str, str], PrefixCounts]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        queries = CounterMetricFamily(
+            "specgate_prefix_cache_queries",
+            "Prompt blocks (256 bytes of text, ~64 tokens) of the requests booked on the replica while the prefix "
+            "index is on.",
+            labels=["pool", "replica"],
+        )
+        hits = CounterMetricFamily(
+            "specgate_prefix_cache_hits",
+            "Of those, the leading blocks the gateway's prefix index expected the replica to hold (rate over "
+            "specgate_prefix_cache_queries: the expected prefix-cache hit rate, beside vLLM's).",
+            labels=["pool", "replica"],
+        )
+        for (pool, replica), c in list(self._counts.items()):
+            queries.add_metric([pool, replica], c.queries)
+            hits.add_metric([pool, replica], c.hits)
+        yield from (queries, hits)
+
+
 class HistogramSeries:
     """One label set of a :class:`FastHistogram`: plain counts, added to without a lock."""
 
@@ -258,6 +295,8 @@ class GatewayMetrics:
         )
         self.keys: dict[str, KeyMetrics] = {}
         registry.register(KeyCollector(self.keys))
+        self._prefix: dict[tuple[str, str], PrefixCounts] = {}
+        registry.register(PrefixCollector(self._prefix))
         self.routing_step = FastHistogram(
             "specgate_routing_step_seconds",
             "Time spent in each routing step inside the gateway.",
@@ -340,6 +379,13 @@ class GatewayMetrics:
         if metrics is None:
             metrics = self.keys[key] = KeyMetrics()
         return metrics
+
+    def prefix_counts(self, pool: str, replica: str) -> PrefixCounts:
+        """The prefix-index counts of a replica (kept across reloads, as its other series are)."""
+        counts = self._prefix.get((pool, replica))
+        if counts is None:
+            counts = self._prefix[pool, replica] = PrefixCounts()
+        return counts
 
     def forget_key(self, key: str) -> None:
         """Drop a removed key's series, so the label set stays bounded by the keys in force."""

@@ -7,22 +7,41 @@ healthy and its circuit breaker (``gateway/breaker.py``, fed by the proxy's outc
 A replica down because its health check timed out (no answer, as opposed to a refusal or a non-200) is only
 *suspected*: when no replica of the allowed pools is up, :meth:`PoolSet.acquire` books a suspected one whose
 breaker admits rather than answering 503 at once (its breaker takes it out if real requests fail too).
+
+With the prefix index on (``gateway/prefix_index.py``) and a request's block values given, :meth:`Pool.pick`
+prefers the replica expected to hold the longest prefix of the prompt, but affinity yields to load: only
+replicas with at most :func:`affinity_limit` requests in flight (the least loaded one's count plus
+:data:`AFFINITY_SLACK_REQUESTS` or :data:`AFFINITY_SLACK_SHARE` of it, the larger) may win on their cache; ties go
+to the fewest booked tokens. When none of those holds a block of the prompt, it is power of two choices on booked
+tokens, as without blocks. The slack is the simulator's prefix-aware router's (``backends/emulator/
+prefix_router.py``): a few more sequences in a continuous batch of dozens cost a few percent of step time, while
+re-prefilling a conversation's history on a replica that never saw it costs its whole prefill; past the slack the
+request would queue behind the holder's work, and a session is better re-prefilled elsewhere.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from gateway.breaker import OPEN, STATES, BreakerPolicy, CircuitBreaker
 from gateway.errors import NoHealthyBackend
 from gateway.metrics import GatewayMetrics
+from gateway.prefix_index import PrefixIndex
 from gateway.snapshot import POOL_NAMES, PoolSnapshot, other_pool
 
 HEALTH_VERDICTS = ("ok", "failed", "timeout", "late")  # gateway/health.py's verdicts
+AFFINITY_SLACK_REQUESTS = 8  # a replica this many more in flight than the least loaded may still win on its cache
+AFFINITY_SLACK_SHARE = 0.25  # or this share of the least loaded one's count, where larger
+
+
+def affinity_limit(least: int) -> float:
+    """The most requests in flight a replica may have and still be chosen for its cached prefix, given the
+    least-loaded candidate's count (the module's rule)."""
+    return least + max(AFFINITY_SLACK_REQUESTS, AFFINITY_SLACK_SHARE * least)
 
 
 class LoadClock:
@@ -108,6 +127,7 @@ class Replica:
         self._breaker_gauges = {s: self.metrics.breaker_state.labels(self.pool, self.url, s) for s in STATES}
         self._breaker_opens = self.metrics.breaker_opens.labels(self.pool, self.url)
         self._checks = {v: self.metrics.health_checks.labels(self.pool, self.url, v) for v in HEALTH_VERDICTS}
+        self.prefix_counts = self.metrics.prefix_counts(self.pool, self.url)
         self.breaker = CircuitBreaker(self.policy, self._breaker_changed)
         self._breaker_changed(self.breaker.state)
 
@@ -171,18 +191,56 @@ class Booking:
 
 
 class Pool:
-    def __init__(self, name: str, replicas: Iterable[Replica], rng: random.Random) -> None:
+    def __init__(
+        self, name: str, replicas: Iterable[Replica], rng: random.Random, index: PrefixIndex | None = None
+    ) -> None:
         self.name = name
         self.replicas = list(replicas)
         self._rng = rng
+        self.index = index
 
-    def pick(self, exclude: frozenset[Replica] = frozenset()) -> Replica | None:
-        """Power of two choices on booked tokens among healthy replicas not excluded whose breaker admits."""
+    def pick(self, exclude: frozenset[Replica] = frozenset(), blocks: Sequence[int] = ()) -> Replica | None:
+        """Among healthy replicas not excluded whose breaker admits: with ``blocks`` and the prefix index, the
+        one expected to hold the longest prefix among those within the load slack (the module's rule); else
+        power of two choices on booked tokens."""
         candidates = [r for r in self.replicas if r.healthy and r.breaker.admits and r not in exclude]
         if len(candidates) <= 1:
             return candidates[0] if candidates else None
+        if blocks and self.index is not None:
+            holder = self._holder(candidates, blocks, self.index)
+            if holder is not None:
+                return holder
         a, b = self._rng.sample(candidates, 2)
         return a if a.booked_tokens <= b.booked_tokens else b
+
+    @staticmethod
+    def _holder(candidates: list[Replica], blocks: Sequence[int], index: PrefixIndex) -> Replica | None:
+        """The eligible candidate expected to hold the most leading blocks (ties: fewest booked tokens), or None
+        when no eligible one holds any."""
+        limit = affinity_limit(min(r.inflight for r in candidates))
+        best, best_hit = None, 0
+        for replica in candidates:
+            if replica.inflight > limit:
+                continue
+            hit = index.expected_hit(replica.url, blocks)
+            if hit > best_hit or (hit and hit == best_hit and best is not None
+                                  and replica.booked_tokens < best.booked_tokens):  # fmt: skip
+                best, best_hit = replica, hit
+        return best
+
+    def expected_hits(self, blocks: Sequence[int]) -> list[dict[str, object]]:
+        """Each replica's expected hit for ``blocks`` and whether its load lets it win on it (for explain)."""
+        index = self.index
+        up = [r for r in self.replicas if r.healthy and r.breaker.admits]
+        limit = affinity_limit(min(r.inflight for r in up)) if up else 0.0
+        rows: list[dict[str, object]] = []
+        for r in self.replicas:
+            hit = index.expected_hit(r.url, blocks) if index is not None else 0
+            rows.append({"replica": r.url, "expected_hit_blocks": hit,
+                         "expected_hit_share": round(hit / len(blocks), 3) if blocks else 0.0,
+                         "inflight": r.inflight, "booked_tokens": r.booked_tokens,
+                         "affinity_eligible": r in up and r.inflight <= limit})  # fmt: skip
+        return rows
 
     def pick_suspect(self, exclude: frozenset[Replica] = frozenset()) -> Replica | None:
         """The least-booked replica down only on a timed-out health check whose breaker admits (last resort)."""
@@ -197,12 +255,14 @@ class PoolSet:
     """Both pools, built from replica URLs; replicas can be swapped on reload without losing bookings."""
 
     def __init__(
-        self, metrics: GatewayMetrics, rng: random.Random | None = None, breaker: BreakerPolicy | None = None
-    ) -> None:
+        self, metrics: GatewayMetrics, rng: random.Random | None = None, breaker: BreakerPolicy | None = None,
+        index: PrefixIndex | None = None,
+    ) -> None:  # fmt: skip
         self._metrics = metrics
         self._rng = rng or random.Random()
         self._breaker = breaker or BreakerPolicy()
-        self.pools: dict[str, Pool] = {name: Pool(name, [], self._rng) for name in POOL_NAMES}
+        self.index = index  # the prefix index (None: off); replicas are chosen by it only when a request has blocks
+        self.pools: dict[str, Pool] = {name: Pool(name, [], self._rng, index) for name in POOL_NAMES}
         self._clocks = {name: LoadClock() for name in POOL_NAMES}
 
     def configure(self, urls: Mapping[str, Iterable[str]]) -> None:
@@ -214,40 +274,58 @@ class PoolSet:
             for replica in replicas:
                 replica.clock = self._clocks[name]
                 replica.other_clock = self._clocks[other_pool(name)]
-            self.pools[name] = Pool(name, replicas, self._rng)
+            self.pools[name] = Pool(name, replicas, self._rng, self.index)
+        if self.index is not None:
+            self.index.keep(r.url for r in self.replicas())
 
     def replicas(self) -> list[Replica]:
         return [r for pool in self.pools.values() for r in pool.replicas]
 
     def acquire(
-        self, pool: str, tokens: int, tried: frozenset[Replica] = frozenset(), allowed: frozenset[str] | None = None
-    ) -> Booking:
+        self, pool: str, tokens: int, tried: frozenset[Replica] = frozenset(), allowed: frozenset[str] | None = None,
+        blocks: Sequence[int] = (),
+    ) -> Booking:  # fmt: skip
         """Book the best replica in ``pool``, else in the other pool if ``allowed`` (the snapshot the decision
-        read may be older than a breaker that just opened); raise :class:`NoHealthyBackend` when none is left."""
-        replica = self.pools[pool].pick(tried)
+        read may be older than a breaker that just opened); raise :class:`NoHealthyBackend` when none is left.
+        ``blocks``: the prompt's block values, when the prefix index is on (the replica choice then reads them,
+        and they are recorded as sent to the replica booked)."""
+        replica = self.pools[pool].pick(tried, blocks)
         other = other_pool(pool)
         if replica is None and (allowed is None or other in allowed):
-            replica = self.pools[other].pick(tried)
+            replica = self.pools[other].pick(tried, blocks)
         if replica is None:
             replica = self._last_resort(pool, tried, allowed)
         if replica is None:
             raise NoHealthyBackend(f"no healthy replica in the {pool} pool")
-        return replica.book(tokens)
+        return self._book(replica, tokens, blocks)
 
     def acquire_retry(
-        self, pool: str, tokens: int, tried: frozenset[Replica], allowed: frozenset[str] | None = None
-    ) -> Booking:
+        self, pool: str, tokens: int, tried: frozenset[Replica], allowed: frozenset[str] | None = None,
+        blocks: Sequence[int] = (),
+    ) -> Booking:  # fmt: skip
         """A second attempt: another replica of the same pool first, then the other pool (if ``allowed``)."""
         for name in (pool, other_pool(pool)):
             if allowed is not None and name not in allowed and name != pool:
                 continue
-            replica = self.pools[name].pick(tried)
+            replica = self.pools[name].pick(tried, blocks)
             if replica is not None:
-                return replica.book(tokens)
+                return self._book(replica, tokens, blocks)
         replica = self._last_resort(pool, tried, allowed)
         if replica is not None:
-            return replica.book(tokens)
+            return self._book(replica, tokens, blocks)
         raise NoHealthyBackend("no other healthy replica to retry on")
+
+    def _book(self, replica: Replica, tokens: int, blocks: Sequence[int]) -> Booking:
+        """Book ``replica``; with blocks and the index, record them as sent there and count the expected hit."""
+        if blocks and self.index is not None:
+            counts = replica.prefix_counts
+            counts.queries += len(blocks)
+            counts.hits += self.index.record(replica.url, blocks)
+        return replica.book(tokens)
+
+    def expected_hits(self, blocks: Sequence[int]) -> dict[str, list[dict[str, object]]]:
+        """Per pool, each replica's expected hit for ``blocks`` (explain)."""
+        return {name: pool.expected_hits(blocks) for name, pool in self.pools.items()}
 
     def _last_resort(self, pool: str, tried: frozenset[Replica], allowed: frozenset[str] | None) -> Replica | None:
         """No replica is up: a suspected one (its health check timed out) of ``pool``, else of the other pool."""

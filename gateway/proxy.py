@@ -203,7 +203,8 @@ class _Relay:
         """Book a replica and read the response head plus its first chunk; retry once on failure."""
         pools = self.state.pools
         tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.sequences
-        self.booking = pools.acquire(self.pool, tokens, allowed=self.allowed)
+        blocks = self.features.blocks  # empty unless the prefix index is on
+        self.booking = pools.acquire(self.pool, tokens, allowed=self.allowed, blocks=blocks)
         if self.booking.replica.pool != self.pool:  # the decision's snapshot predates a breaker or health change
             self.pool = self.booking.replica.pool
             self.reason = f"{self.reason}; fallback: {self.pool}"
@@ -231,7 +232,7 @@ class _Relay:
             if self.retried:
                 raise error
             self.retried = True
-            self.booking = pools.acquire_retry(self.pool, tokens, frozenset({replica}), self.allowed)
+            self.booking = pools.acquire_retry(self.pool, tokens, frozenset({replica}), self.allowed, blocks)
             self.state.metrics.retries.labels(self.pool, self.booking.replica.pool).inc()
             if self.booking.replica.pool != self.pool:
                 self.pool = self.booking.replica.pool

@@ -332,7 +332,9 @@ def _book(relay: _Relay, tap: StreamTap, tried: set[Replica]) -> Replica | None:
     remaining = tap.remaining()
     tokens = relay.features.prompt_tokens + (relay.features.max_tokens if remaining is None else max(remaining, 0))
     try:
-        relay.booking = relay.state.pools.acquire_retry(relay.pool, tokens, frozenset(tried), relay.allowed)
+        relay.booking = relay.state.pools.acquire_retry(
+            relay.pool, tokens, frozenset(tried), relay.allowed, relay.features.blocks
+        )  # the continuation starts with the request's prompt: a replica holding its prefix is the cheapest
     except NoHealthyBackend:
         return None
     tried.add(relay.booking.replica)

@@ -34,6 +34,7 @@ from gateway.logs import RequestIds, RequestLog
 from gateway.looplag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics, held
 from gateway.pools import PoolSet
+from gateway.prefix_index import PrefixIndex, PrefixReader
 from gateway.qps import LocalQps
 from gateway.rules import RoutingRules, default_rules, load_rules
 from gateway.signals.engine_poller import ScrapeTarget
@@ -64,7 +65,8 @@ class GatewayState:
         self.settings = settings
         self.metrics = GatewayMetrics(registry)
         self._snapshot_job = self.metrics.background.labels("snapshot")  # how long each refresh held the loop
-        self.pools = PoolSet(self.metrics, rng, breaker_policy(settings))
+        index = PrefixIndex(settings.prefix_index_blocks_per_replica) if settings.prefix_index != "off" else None
+        self.pools = PoolSet(self.metrics, rng, breaker_policy(settings), index)
         self.qps = LocalQps(settings.qps_window_s)
         self.upstream: Upstream = make_upstream(settings)
         self.upstream_auth = upstream_headers(settings)  # per pool: the Authorization sent to its replicas
@@ -115,7 +117,15 @@ class GatewayState:
         self.pools.configure({name: pool.replicas for name, pool in rules.pools.items()})
         self.learner.set_learning_rate(rules.adaptive.learning_rate)
         self.learner.forget_s = rules.adaptive.stale_s
-        return RuleSet(rules, Classifier(rules), frozenset(rules.models))
+        return RuleSet(rules, Classifier(rules, prefixes=self._prefix_reader(rules)), frozenset(rules.models))
+
+    def _prefix_reader(self, rules: RoutingRules) -> PrefixReader | None:
+        """What reads each request's prefix blocks and session key: while ``prefix_index`` is ``on``, or ``auto``
+        with a pool of more than one replica (where the replica choice reads them); else nothing is read."""
+        mode = self.settings.prefix_index
+        if mode == "off" or (mode == "auto" and all(len(p.replicas) <= 1 for p in rules.pools.values())):
+            return None
+        return PrefixReader(self.settings.prefix_index_read_bytes)
 
     def apply_rules(self, rules: RoutingRules) -> None:
         """Swap in new rules between requests; in-flight requests keep the bookings they hold."""

@@ -52,3 +52,31 @@ def test_the_scripts_own_variables_are_not_settings(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("SPECGATE_CACHE", "/tmp/cache")
     monkeypatch.setenv("SPECGATE_VENV", "/tmp/venv")
     assert Settings(_env_file=None).port == 8080  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("mode", "standard", "reads", "indexed"),
+    [("auto", ["http://a:1"], False, True), ("auto", ["http://a:1", "http://b:1"], True, True),
+     ("on", ["http://a:1"], True, True), ("off", ["http://a:1", "http://b:1"], False, False)],
+    ids=["auto-one-replica", "auto-two-replicas", "on", "off"],
+)  # fmt: skip
+def test_the_prefix_index_setting(mode: str, standard: list[str], reads: bool, indexed: bool) -> None:
+    """`auto` reads prompts only where a pool has more than one replica to choose from; `off` keeps no index."""
+    from prometheus_client import CollectorRegistry
+
+    from gateway.state import GatewayState
+
+    settings = Settings(_env_file=None, prefix_index=mode, standard_urls=standard, speculative_urls=["http://s:1"],
+                        prefix_index_blocks_per_replica=64)  # type: ignore[call-arg]  # fmt: skip
+    state = GatewayState(settings, CollectorRegistry())
+    assert (state.ruleset.classifier.prefixes is not None) == reads
+    assert (state.pools.index is not None) == indexed
+    if indexed:
+        assert state.pools.index is not None and state.pools.index.capacity == 64
+
+
+def test_prefix_index_settings_are_checked() -> None:
+    with pytest.raises(ValidationError, match="prefix_index"):
+        Settings(_env_file=None, prefix_index="sometimes")  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="prefix_index_blocks_per_replica"):
+        Settings(_env_file=None, prefix_index_blocks_per_replica=0)  # type: ignore[call-arg]

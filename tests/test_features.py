@@ -8,6 +8,7 @@ import pytest
 
 from gateway.errors import InvalidRequest
 from gateway.features import Classifier, compile_cue_pattern, estimate_tokens, extract_features, has_copy_cue
+from gateway.prefix_index import PrefixReader
 from gateway.rules import default_rules
 
 RULES = default_rules()
@@ -214,3 +215,18 @@ def test_copy_cue_means_what_the_backtracking_pattern_meant() -> None:
     for _ in range(20_000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 30)))
         assert has_copy_cue(text) is ("```" in text or former.search(text) is not None), repr(text)
+
+
+def test_the_prefix_blocks_and_session_key_are_read_only_with_a_prefix_reader() -> None:
+    body = {**chat("Where is my order? " * 60, "You are the shop's assistant."), "user": "ann"}
+    plain = extract_features(body, "chat", {}, RULES, Classifier(RULES))
+    assert (plain.blocks, plain.session) == ((), None)
+    reader = PrefixReader()
+    features = extract_features(body, "chat", {}, RULES, Classifier(RULES, prefixes=reader))
+    assert (features.blocks, features.session) == reader.chat(body["messages"], "ann", {}) and features.blocks
+    completion = extract_features({"model": "m", "prompt": "x" * 2000}, "completions", {"x-session-id": "s1"}, RULES,
+                                  Classifier(RULES, prefixes=reader))  # fmt: skip
+    assert len(completion.blocks) == 3 and completion.session is not None and completion.session.startswith("h:")
+    with pytest.raises(InvalidRequest):  # validation comes first: nothing malformed reaches the reader
+        extract_features({"model": "m", "messages": [{"content": "x"}]}, "chat", {}, RULES,
+                         Classifier(RULES, prefixes=reader))  # fmt: skip

@@ -82,3 +82,17 @@ def test_the_gateway_times_its_periodic_jobs_and_its_metrics_page(gateway: Calla
     assert counts.get("metrics-render", 0) >= 1
     assert counts.get("snapshot", 0) >= 1  # every snapshot refresh (health rounds, the snapshot loop)
     assert "specgate_gc_pause_seconds" in page  # a family even before `specgate serve` installs the collector
+
+
+def test_prefix_counts_scrape_as_counters_per_pool_and_replica() -> None:
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    counts = metrics.prefix_counts("standard", "http://a:1")
+    assert metrics.prefix_counts("standard", "http://a:1") is counts
+    counts.queries += 10
+    counts.hits += 7
+    labels = {"pool": "standard", "replica": "http://a:1"}
+    assert registry.get_sample_value("specgate_prefix_cache_queries_total", labels) == 10
+    assert registry.get_sample_value("specgate_prefix_cache_hits_total", labels) == 7
+    families = {f.name: f.type for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert families["specgate_prefix_cache_queries"] == families["specgate_prefix_cache_hits"] == "counter"

@@ -7,11 +7,12 @@ from prometheus_client import CollectorRegistry
 
 from gateway.errors import NoHealthyBackend
 from gateway.metrics import GatewayMetrics
-from gateway.pools import PoolSet
+from gateway.pools import PoolSet, Replica, affinity_limit
+from gateway.prefix_index import PrefixIndex
 
 
-def make(standard: list[str], speculative: list[str] | None = None) -> PoolSet:
-    pools = PoolSet(GatewayMetrics(CollectorRegistry()), random.Random(7))
+def make(standard: list[str], speculative: list[str] | None = None, index: PrefixIndex | None = None) -> PoolSet:
+    pools = PoolSet(GatewayMetrics(CollectorRegistry()), random.Random(7), index=index)
     pools.configure({"standard": standard, "speculative": speculative or []})
     return pools
 
@@ -199,3 +200,122 @@ def test_a_booking_learns_how_busy_the_other_pool_was_while_it_ran(monkeypatch: 
     clock.now += 1
     lone.release()
     assert lone.other_busy == pytest.approx(0.0)
+
+
+# -- the prefix index: replica choice by expected prefix hit, yielding to load ---------------------------------
+
+PROMPT = (11, 12, 13, 14)  # a prompt's block values (gateway/prefix_index.py makes them from its text)
+URLS = ["http://a:1", "http://b:1", "http://c:1"]
+
+
+def indexed(urls: list[str] = URLS) -> tuple[PoolSet, list[Replica], PrefixIndex]:
+    index = PrefixIndex()
+    pools = make(urls, index=index)
+    return pools, pools.pools["standard"].replicas, index
+
+
+def busy(replica: Replica, requests: int) -> None:
+    for _ in range(requests):
+        replica.book(100)
+
+
+def test_with_even_loads_the_replica_holding_the_longest_prefix_is_chosen() -> None:
+    pools, (a, b, c), index = indexed()
+    index.record(b.url, PROMPT)
+    index.record(c.url, PROMPT[:2])
+    busy(a, 2)  # every replica within the slack of the least loaded (a: 2, b and c: 0)
+    for _ in range(20):
+        booking = pools.acquire("standard", 100, blocks=PROMPT)
+        assert booking.replica is b
+        booking.release()
+    assert pools.acquire("standard", 100, blocks=(11, 12, 99)).replica in (b, c)  # both hold two: fewer booked
+
+
+def test_ties_between_holders_go_to_the_fewest_booked_tokens() -> None:
+    pools, (a, b, c), index = indexed()
+    for replica in (a, b, c):
+        index.record(replica.url, PROMPT)
+    a.book(500)
+    b.book(50)
+    c.book(200)
+    assert pools.acquire("standard", 1, blocks=PROMPT).replica is b
+
+
+def test_affinity_yields_when_the_holder_is_past_the_slack() -> None:
+    pools, (a, b, c), index = indexed()
+    index.record(b.url, PROMPT)
+    busy(b, 8)  # the least loaded has 0: b may have up to 8 and still win
+    first = pools.acquire("standard", 100, blocks=PROMPT)
+    assert first.replica is b
+    # now b has 9 in flight: past the slack, it is not eligible; nobody else holds the prompt -> power of two
+    picks = {pools.acquire("standard", 100, blocks=PROMPT).replica for _ in range(6)}
+    assert b not in picks and picks <= {a, c}
+
+
+def test_the_slack_grows_with_the_load() -> None:
+    assert affinity_limit(0) == 8 and affinity_limit(40) == 50 and affinity_limit(100) == 125
+    pools, (a, b, c), index = indexed()
+    index.record(c.url, PROMPT)
+    busy(a, 40)
+    busy(b, 40)
+    busy(c, 50)
+    assert pools.acquire("standard", 1, blocks=PROMPT).replica is c  # 50 <= 40 + 10
+    assert pools.acquire("standard", 1, blocks=PROMPT).replica is not c  # 51 > 50
+
+
+def test_a_holder_that_is_down_or_excluded_is_not_chosen() -> None:
+    pools, (_, b, c), index = indexed()
+    index.record(b.url, PROMPT)
+    index.record(c.url, PROMPT[:1])
+    assert pools.acquire_retry("standard", 1, frozenset({b}), blocks=PROMPT).replica is c
+    b.set_healthy(False)
+    assert pools.acquire("standard", 1, blocks=PROMPT).replica is c
+
+
+def test_without_blocks_or_without_the_index_the_choice_is_power_of_two_as_before() -> None:
+    """The same seed picks the same replicas whether the index is there (and holds the prompt) or not."""
+    def picks(index: PrefixIndex | None, blocks: tuple[int, ...]) -> list[str]:
+        pools = make([f"http://r{i}:1" for i in range(4)], index=index)
+        if index is not None:
+            index.record("http://r2:1", PROMPT)
+        return [pools.acquire("standard", 10 + i % 7, blocks=blocks).replica.url for i in range(60)]
+
+    today = picks(None, ())
+    assert picks(PrefixIndex(), ()) == today
+    assert picks(None, PROMPT) == today  # blocks but no index (prefix_index=off)
+    assert len(set(today)) == 4
+    assert picks(PrefixIndex(), PROMPT) != today  # the test can tell
+
+
+def test_a_booking_records_the_prompt_and_counts_the_expected_hit() -> None:
+    pools, (a, b, c), index = indexed()
+    index.record(a.url, PROMPT[:3])
+    booking = pools.acquire("standard", 1, blocks=PROMPT)
+    assert booking.replica is a and index.expected_hit(a.url, PROMPT) == 4
+    registry = a.metrics.registry
+    labels = {"pool": "standard", "replica": a.url}
+    assert registry.get_sample_value("specgate_prefix_cache_queries_total", labels) == 4
+    assert registry.get_sample_value("specgate_prefix_cache_hits_total", labels) == 3
+    pools.acquire("standard", 1)  # no blocks: nothing recorded, nothing counted
+    assert registry.get_sample_value("specgate_prefix_cache_queries_total", labels) == 4
+    assert sum(index.held(r.url) for r in (a, b, c)) == 4
+
+
+def test_reconfigure_keeps_the_index_of_known_replicas_only() -> None:
+    pools, (a, b, _), index = indexed()
+    index.record(a.url, PROMPT)
+    index.record(b.url, PROMPT)
+    pools.configure({"standard": [a.url, "http://d:1"], "speculative": []})
+    assert index.held(a.url) == 4 and index.held(b.url) == 0
+    assert pools.pools["standard"].index is index
+
+
+def test_expected_hits_show_each_replica_and_its_eligibility() -> None:
+    pools, (a, b, c), index = indexed()
+    index.record(b.url, PROMPT[:2])
+    busy(b, 9)
+    rows = pools.expected_hits(PROMPT)["standard"]
+    assert [(r["replica"], r["expected_hit_blocks"], r["affinity_eligible"]) for r in rows] == [
+        (a.url, 0, True), (b.url, 2, False), (c.url, 0, True)
+    ]  # fmt: skip
+    assert rows[1]["expected_hit_share"] == 0.5 and pools.expected_hits(PROMPT)["speculative"] == []

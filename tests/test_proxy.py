@@ -263,3 +263,38 @@ def test_unknown_paths_and_methods_get_openai_errors(gateway: StartGateway) -> N
             assert response.status_code == status
             error = response.json()["error"]
             assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+
+
+def test_explain_shows_the_expected_prefix_hit_per_replica(gateway: StartGateway, upstreams: Upstreams) -> None:
+    """Two replicas a pool (one fake server under two host names): the prefix index is on (`auto`); a request
+    sent through the gateway is then expected on the replica it went to, and explain says so."""
+    twin = {
+        "standard_urls": [upstreams.standard_url, upstreams.standard_url.replace("127.0.0.1", "localhost")],
+        "speculative_urls": [upstreams.speculative_url, upstreams.speculative_url.replace("127.0.0.1", "localhost")],
+    }
+    gw = gateway(**twin)
+    body = {"model": "fake-model", "messages": [
+        {"role": "system", "content": "You answer questions about the shop's opening hours. " * 30},
+        {"role": "user", "content": "Are you open on Sunday?"}]}  # fmt: skip
+    with httpx.Client(base_url=gw.url) as client:
+        before = client.post("/v1/route/explain", json=body).json()["prefix"]
+        sent = client.post("/v1/chat/completions", json=body)
+        pool = sent.headers["x-specgate-pool"]
+        gw.settled(1)
+        after = client.post("/v1/route/explain", json=body).json()
+    assert before["on"] and before["blocks"] >= 4 and before["session"].startswith("p:")
+    assert all(r["expected_hit_blocks"] == 0 for rows in before["pools"].values() for r in rows)
+    hits = [r["expected_hit_blocks"] for r in after["prefix"]["pools"][pool]]
+    assert sorted(hits) == [0, before["blocks"]] and after["prefix"]["pools"][pool][0]["affinity_eligible"]
+    assert "blocks" not in after["features"] and after["features"]["session"] == before["session"]
+    replica = next(r["replica"] for r in after["prefix"]["pools"][pool] if r["expected_hit_blocks"])
+    assert gw.sample("specgate_prefix_cache_queries_total", pool=pool, replica=replica) == before["blocks"]
+    assert gw.sample("specgate_prefix_cache_hits_total", pool=pool, replica=replica) == 0
+
+
+def test_explain_says_when_the_prefix_index_is_off(gateway: StartGateway) -> None:
+    gw = gateway()  # one replica a pool: `auto` reads no blocks
+    with httpx.Client(base_url=gw.url) as client:
+        prefix = client.post("/v1/route/explain", json=chat("Are you open on Sunday? " * 50)).json()["prefix"]
+    assert prefix["on"] is False and prefix["blocks"] == 0 and prefix["session"] is None
+    assert [r["expected_hit_blocks"] for r in prefix["pools"]["standard"]] == [0]

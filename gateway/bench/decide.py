@@ -4,8 +4,9 @@ Times ``decide(features, snapshot, rules)`` (and feature extraction, and the ada
 snapshot refresh) over a fixed set of requests from the shipped workload: the reference rules, the shipped
 rules while the model warms up (they fall through to the reference rules), and the shipped rules with a
 warm model (``fastest``: the per-request predictor's estimate, both pools' predictions and the choice).
-The last row is the whole decision a request costs: its features read from the body (the content features
-included), the snapshot with fresh in-flight counts, and ``decide``. Median and p99 in microseconds.
+The whole-decision row is what a request costs: its features read from the body (the content features
+included), the snapshot with fresh in-flight counts, and ``decide``; the last row the same with the prefix index
+on (each prompt's blocks and session key read with its features). Median and p99 in microseconds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import segment_of
 from gateway.decide import decide
 from gateway.features import Classifier, RequestFeatures, extract_features
+from gateway.prefix_index import PrefixReader
 from gateway.rules import RoutingRules, default_rules, reference_rules
 from gateway.snapshot import POOL_NAMES, PoolSnapshot, Snapshot
 
@@ -107,6 +109,17 @@ def measure(rounds: int = 20_000) -> dict[str, list[float]]:
             reader.read(*texts[index], f.task, f.copy, f.prompt_tokens, f.max_tokens, f.n, f.temperature)
         return decide(f, warm.with_inflight({"standard": 3}), shipped)
 
+    indexed = Classifier(shipped, prefixes=PrefixReader())  # the prefix index on (a pool of several replicas)
+    prefixes = PrefixReader()
+    bodies = [item.request_body("m") for item in items]
+
+    def whole_indexed() -> object:
+        index = next(it) % len(items)
+        f = extract_features(bodies[index], "chat", {}, shipped, indexed)
+        if content_of(f) is None:
+            reader.read(*texts[index], f.task, f.copy, f.prompt_tokens, f.max_tokens, f.n, f.temperature)
+        return decide(f, warm.with_inflight({"standard": 3}), shipped)
+
     return {
         "decide: reference rules": _time(lambda: decide(pick(), cold, reference), rounds),
         "decide: shipped rules, warming up": _time(lambda: decide(pick(), cold, shipped), rounds),
@@ -123,6 +136,10 @@ def measure(rounds: int = 20_000) -> dict[str, list[float]]:
             lambda: predictor.estimate(contents[next(it) % len(contents)]), rounds
         ),
         "whole decision: extract_features + snapshot + decide, warm": _time(whole, rounds),
+        "prefix blocks + session key alone (PrefixReader.chat)": _time(
+            lambda: prefixes.chat(bodies[next(it) % len(bodies)]["messages"], None, {}), rounds
+        ),
+        "whole decision, prefix index on (blocks read with the features)": _time(whole_indexed, rounds),
     }
 
 

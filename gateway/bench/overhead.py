@@ -97,6 +97,7 @@ TARGETS = (
 # so the difference to "specgate" is what authentication and limits cost. Every target gets the same header.
 # "specgate/reference-rules": the default gateway routing by gateway/rules-reference.yaml (no learned model), so
 # the difference to "specgate" is what the adaptive policy costs (predictions, learning, fresh in-flight counts).
+# "specgate@REV": the default gateway of another commit (git archive), in the same run as this tree's targets.
 # "vllm-router": vLLM Router (PyPI vllm-router, the Rust router of the vLLM project) over the same upstream listed
 # twice (its power-of-two policy needs two workers), as a peer: what a compiled router costs on the same path.
 EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys", "specgate/reference-rules", "vllm-router")
@@ -264,11 +265,19 @@ def run(targets: Sequence[str], plan: Sequence[Scenario], console: Console, rule
                 results += [measure(target, r.upstream, meter, s) for s in plan]
                 console.print(f"  measured {target}")
                 continue
-            port = free_port()
-            env = proxy_env(target, r.upstream)
-            if rules is not None and target.startswith("specgate"):  # unless the target names its own
-                env.setdefault("SPECGATE_RULES_FILE", str(rules.resolve()))
-            with process(proxy_command(target, port, r.upstream), r.proxy_cpu, env) as proc:
+            with contextlib.ExitStack() as stack:
+                name, tree = target, None
+                if target.startswith("specgate@"):  # another commit's default gateway, this tree's apparatus
+                    from gateway.bench.overhead_compare import exported
+
+                    name, tree = "specgate", stack.enter_context(exported(target.partition("@")[2]))
+                port = free_port()
+                env = proxy_env(name, r.upstream)
+                if tree is not None:
+                    env["PYTHONPATH"] = str(tree)
+                if rules is not None and name.startswith("specgate"):  # unless the target names its own
+                    env.setdefault("SPECGATE_RULES_FILE", str(rules.resolve()))
+                proc = stack.enter_context(process(proxy_command(name, port, r.upstream), r.proxy_cpu, env, tree))
                 wait_http(f"http://127.0.0.1:{port}/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
                 meter = CpuMeter(r.layout, r.upstream_pid, proc.pid)
                 results += [measure(target, f"http://127.0.0.1:{port}", meter, s) for s in plan]

@@ -72,6 +72,9 @@ class Sample:
     gateway_cpu: float | None = None  # the gateway process's CPU time over the interval, as a share of one core
     apparatus_cpu: float | None = None  # the busier of the load generator and the lean upstream, share of a core
     machine_busy: float | None = None  # every CPU of the machine, whoever used them, share of all of them
+    # how long the gateway's event-loop thread was runnable but waited for a CPU over the interval (the kernel's
+    # /proc/PID/schedstat): other processes on its core, a stall that is not the gateway's own work
+    cpu_wait_ms: float | None = None
 
 
 @dataclass
@@ -146,6 +149,14 @@ def raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
 
 
+def runqueue_wait_s(pid: int) -> float | None:
+    """Seconds the main thread of ``pid`` (the event loop's) has spent runnable but waiting for a CPU."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def process_stats(pid: int) -> tuple[float, int]:
     """RSS in MiB and open file descriptors of ``pid``."""
     rss_kb = 0
@@ -209,6 +220,7 @@ class CpuSampler:
         self.upstream_pid, self.gateway_pid = upstream_pid, gateway_pid
         self.cpus = cpus if cpus is not None else os.sched_getaffinity(0)
         self._last = self._read()
+        self._wait = runqueue_wait_s(gateway_pid) if gateway_pid is not None else None
 
     def _read(self) -> tuple[float, float, tuple[float, float], tuple[int, int]]:
         gateway = cpu_seconds(self.gateway_pid) if self.gateway_pid is not None else 0.0
@@ -225,6 +237,10 @@ class CpuSampler:
         sample.apparatus_cpu = max(after - before for before, after in zip(app0, app1, strict=True)) / window
         sample.gateway_cpu = (gw1 - gw0) / window if self.gateway_pid is not None else None
         sample.machine_busy = (busy1 - busy0) / (total1 - total0) if total1 > total0 else None
+        if self.gateway_pid is not None:
+            wait, self._wait = self._wait, runqueue_wait_s(self.gateway_pid)
+            if wait is not None and self._wait is not None:
+                sample.cpu_wait_ms = (self._wait - wait) * 1e3
 
 
 class Sampler:

@@ -3,6 +3,7 @@ helpers are checked on known inputs. The full figures come from ``specgate bench
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,22 @@ def test_pinning_gives_the_gateway_the_first_cpu_and_the_apparatus_the_rest() ->
     assert soak.cpu_split({3, 1, 2}, pin=True) == ({1}, {2, 3})
     assert soak.cpu_split({0}, pin=True) == (None, None)  # one CPU: everything shares it
     assert soak.cpu_split({0, 1}, pin=False) == (None, None)
+
+
+def test_lag_windows_over_the_target_are_told_apart_by_the_loops_wait_for_its_cpu() -> None:
+    config = SoakConfig(chunks=4, pace_s=0.05)
+    samples = [
+        Sample(5.0, 0, 0, 0.0, loop_lag_ms=2.0, cpu_wait_ms=1.0),
+        Sample(10.0, 0, 0, 0.0, loop_lag_ms=25.0, cpu_wait_ms=40.0),  # a neighbour took the core
+        Sample(15.0, 0, 0, 0.0, loop_lag_ms=30.0, cpu_wait_ms=0.5),  # the gateway's own stall
+    ]
+    lines = soak_report.verdicts(SoakResult(config, phase([]), phase(samples)))
+    lag = next(i for i, line in enumerate(lines) if line.startswith("event-loop lag"))
+    assert "2 of 3 windows over 10 ms" in lines[lag] and "MISSED" in lines[lag]
+    assert "of those, 1 had the event loop's thread waiting" in lines[lag + 1]
+
+
+def test_the_run_queue_wait_of_a_live_process_is_read() -> None:
+    waited = soak.runqueue_wait_s(os.getpid())
+    assert waited is not None and waited >= 0
+    assert soak.runqueue_wait_s(2**22 + 12345) is None  # no such process

@@ -56,6 +56,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="let the gateway, the load generator and the upstream share every CPU (default: the gateway alone on "
         "the first CPU, the others for the apparatus, as bench overhead does)",
     )
+    soak.add_argument(
+        "--rev", help="soak another commit's gateway (git archive) with this tree's apparatus, for a before/after"
+    )
     soak.add_argument("--plot", type=Path, default=Path("soak.png"), help="where to save the plot")
     soak.add_argument("--json", type=Path, help="also write the samples and results as JSON")
     soak.set_defaults(func=run_soak)
@@ -178,13 +181,14 @@ def run_soak(args: argparse.Namespace) -> int:
 
     config = soak.SoakConfig(
         streams=args.streams, duration_s=args.duration, direct_s=args.direct, chunks=args.chunks,
-        pace_s=args.pace, sample_s=args.sample, warmup_s=args.warmup, pin=not args.no_pin,
+        pace_s=args.pace, sample_s=args.sample, warmup_s=args.warmup, pin=not args.no_pin, rev=args.rev,
     )  # fmt: skip
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)  # samples show as they come, also into a log file
     console = Console(width=160)
     console.print(f"[bold]specgate bench soak[/]: {config.streams} streams, {config.chunks} events x "
-                  f"{config.pace_s * 1e3:.0f} ms, {config.duration_s:.0f} s through specgate, "
+                  f"{config.pace_s * 1e3:.0f} ms, {config.duration_s:.0f} s through specgate"
+                  f"{'@' + config.rev if config.rev else ''}, "
                   f"{config.direct_s:.0f} s direct")  # fmt: skip
     result = soak.run(config, console)
     soak_report.render(result, console)

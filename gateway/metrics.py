@@ -346,6 +346,12 @@ class GatewayMetrics:
             "Largest event-loop lag (a timer's lateness) over the last 5 s window.",
             registry=registry,
         )
+        self.loop_own_lag = Gauge(
+            "specgate_event_loop_own_lag_seconds",
+            "Largest event-loop lag over the last 5 s window less the time the loop's thread waited for a CPU "
+            "(what the gateway's own work caused; other processes on its core excluded).",
+            registry=registry,
+        )
         # What holds the loop besides requests (gateway/collector.py, GatewayState.timed): how long each pass of
         # the cyclic collector and each run of a periodic job took, in one histogram each.
         stall_buckets = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25)

@@ -255,7 +255,7 @@ class GatewayState:
     async def start(self) -> None:
         await self.upstream.start()
         await self.signals.start()
-        lag = LoopLagMonitor(self.metrics.loop_lag)
+        lag = LoopLagMonitor(self.metrics.loop_lag, own_gauge=self.metrics.loop_own_lag)
         self.add_task(lag.run(), "loop-lag")  # before the first health check: it judges timeouts by the lag
         checker = HealthChecker(
             self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self._health_round, lag

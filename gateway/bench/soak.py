@@ -50,6 +50,7 @@ class SoakConfig:
     warmup_s: float = 60.0  # RSS growth is measured from the first sample at or after this
     request_timeout_s: float = 60.0
     pin: bool = True  # the gateway on the first CPU, the load generator and the upstream on the others
+    rev: str | None = None  # soak this commit's gateway (git archive) instead of this tree's
 
     @property
     def ramp_s(self) -> float:
@@ -66,6 +67,7 @@ class Sample:
     rss_mb: float | None = None
     fds: int | None = None
     loop_lag_ms: float | None = None
+    own_lag_ms: float | None = None  # the lag less the loop thread's waits for a CPU (the gateway's own stalls)
     gateway_5xx: float | None = None
     gateway_5xx_by: dict[str, float] = field(default_factory=dict)  # "status reason" -> count so far
     scrape_ms: float | None = None
@@ -196,19 +198,23 @@ def stall_sources(text: str) -> list[StallSource]:
     return [s for s in out.values() if s.count]
 
 
-def gateway_gauges(text: str) -> tuple[float | None, dict[str, float]]:
-    """The loop-lag gauge (seconds) and the 5xx answers by status and reason, from a /metrics page."""
+def gateway_gauges(text: str) -> tuple[float | None, float | None, dict[str, float]]:
+    """The loop-lag gauges (seconds: all of it, and the gateway's own, without waits for a CPU) and the 5xx
+    answers by status and reason, from a /metrics page."""
     lag: float | None = None
+    own: float | None = None
     errors: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         if family.name == "specgate_event_loop_lag_seconds":
             lag = family.samples[0].value if family.samples else None
+        elif family.name == "specgate_event_loop_own_lag_seconds":
+            own = family.samples[0].value if family.samples else None
         elif family.name == "specgate_requests":
             for s in family.samples:
                 if s.name.endswith("_total") and s.labels["status"][0] == "5":
                     key = f"{s.labels['status']} {s.labels['reason']}"
                     errors[key] = errors.get(key, 0.0) + s.value
-    return lag, errors
+    return lag, own, errors
 
 
 class CpuSampler:
@@ -283,7 +289,8 @@ class Sampler:
         scrape = time.perf_counter()
         page = await http.get("/metrics")
         sample.scrape_ms = (time.perf_counter() - scrape) * 1e3
-        lag, sample.gateway_5xx_by = gateway_gauges(page.text)
+        lag, own, sample.gateway_5xx_by = gateway_gauges(page.text)
+        sample.own_lag_ms = None if own is None else own * 1e3
         self.stalls = stall_sources(page.text)
         sample.gateway_5xx = sum(sample.gateway_5xx_by.values())
         sample.loop_lag_ms = None if lag is None else lag * 1e3
@@ -347,7 +354,10 @@ def run(config: SoakConfig, console: Console) -> SoakResult:
     """Both phases. Pinned (the default), the gateway runs alone on one CPU and the apparatus (this load
     generator and the upstream) on the others, as in ``specgate bench overhead``: unpinned on a small
     machine, the apparatus's bursts (every stream's next event leaves the upstream on the same tick) land
-    on the gateway's core at the moment it has a burst of its own to relay."""
+    on the gateway's core at the moment it has a burst of its own to relay. ``config.rev``: that commit's
+    gateway (git archive) under this tree's apparatus."""
+    from gateway.bench.overhead_compare import exported  # it imports bench.overhead, as this module does
+
     raise_fd_limit()
     everything = os.sched_getaffinity(0)
     gateway_cpu, rest = cpu_split(everything, config.pin)
@@ -360,12 +370,14 @@ def run(config: SoakConfig, console: Console) -> SoakResult:
     try:
         if rest is not None:
             os.sched_setaffinity(0, rest)
-        with process(upstream_cmd, rest) as upstream_proc:
+        with contextlib.ExitStack() as stack, process(upstream_cmd, rest) as upstream_proc:
             wait_http(upstream + "/health", timeout_s=STARTUP_TIMEOUT_S)
             console.print(f"[bold]direct[/] ({config.direct_s:.0f} s)")
             direct = phase("direct", upstream, config.direct_s, config, None, upstream_proc.pid, console, everything)
             port = free_port()
-            with process(proxy_command("specgate", port, upstream), gateway_cpu) as gateway:
+            tree = stack.enter_context(exported(config.rev)) if config.rev else None
+            env = {"PYTHONPATH": str(tree)} if tree is not None else None
+            with process(proxy_command("specgate", port, upstream), gateway_cpu, env, tree) as gateway:
                 url = f"http://127.0.0.1:{port}"
                 wait_http(url + "/v1/chat/completions", STARTUP_TIMEOUT_S, method="POST")
                 console.print(f"[bold]specgate[/] ({config.duration_s:.0f} s, gateway pid {gateway.pid})")

@@ -40,11 +40,13 @@ def test_gateway_gauges_read_the_loop_lag_and_5xx_from_metrics() -> None:
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
     metrics.loop_lag.set(0.012)
+    metrics.loop_own_lag.set(0.004)
     metrics.count_request("standard", "default", "chat", 200)
     metrics.count_request("standard", "default", "chat", 502)
     metrics.count_request("none", "rejected", "none", 503)
-    lag, errors = gateway_gauges(generate_latest(registry).decode())
-    assert lag == pytest.approx(0.012) and errors == {"502 default": 1, "503 rejected": 1}
+    lag, own, errors = gateway_gauges(generate_latest(registry).decode())
+    assert lag == pytest.approx(0.012) and own == pytest.approx(0.004)
+    assert errors == {"502 default": 1, "503 rejected": 1}
 
 
 def test_stall_sources_sum_each_generation_and_job_from_metrics() -> None:
@@ -106,17 +108,17 @@ def test_pinning_gives_the_gateway_the_first_cpu_and_the_apparatus_the_rest() ->
     assert soak.cpu_split({0, 1}, pin=False) == (None, None)
 
 
-def test_lag_windows_over_the_target_are_told_apart_by_the_loops_wait_for_its_cpu() -> None:
+def test_lag_windows_over_the_target_are_told_apart_by_the_gateways_own_share() -> None:
     config = SoakConfig(chunks=4, pace_s=0.05)
     samples = [
-        Sample(5.0, 0, 0, 0.0, loop_lag_ms=2.0, cpu_wait_ms=1.0),
-        Sample(10.0, 0, 0, 0.0, loop_lag_ms=25.0, cpu_wait_ms=40.0),  # a neighbour took the core
-        Sample(15.0, 0, 0, 0.0, loop_lag_ms=30.0, cpu_wait_ms=0.5),  # the gateway's own stall
+        Sample(5.0, 0, 0, 0.0, loop_lag_ms=2.0, own_lag_ms=2.0),
+        Sample(10.0, 0, 0, 0.0, loop_lag_ms=25.0, own_lag_ms=3.0),  # a neighbour took the core
+        Sample(15.0, 0, 0, 0.0, loop_lag_ms=30.0, own_lag_ms=29.0),  # the gateway's own stall
     ]
     lines = soak_report.verdicts(SoakResult(config, phase([]), phase(samples)))
     lag = next(i for i, line in enumerate(lines) if line.startswith("event-loop lag"))
     assert "2 of 3 windows over 10 ms" in lines[lag] and "MISSED" in lines[lag]
-    assert "of those, 1 had the event loop's thread waiting" in lines[lag + 1]
+    assert "own" in lines[lag + 1] and "max 29.0 ms, 1 of 3 windows over 10 ms" in lines[lag + 1]
 
 
 def test_the_run_queue_wait_of_a_live_process_is_read() -> None:

@@ -425,9 +425,11 @@ class Learner:
             if kind == "var":
                 variances.setdefault(pool, []).append((part, value, weight))
                 continue
-            self._absorb_one(self._pools.setdefault(pool, _PoolState()), kind, part, key, value, weight)
+            # get() first: setdefault would build a _PoolState per number (2/3 of an absorb's time) to drop it
+            state = self._pools.get(pool) or self._pools.setdefault(pool, _PoolState())
+            self._absorb_one(state, kind, part, key, value, weight)
         for pool, entries in variances.items():
-            self._absorb_variances(self._pools.setdefault(pool, _PoolState()), entries)
+            self._absorb_variances(self._pools.get(pool) or self._pools.setdefault(pool, _PoolState()), entries)
         for seg, quantiles in lengths.items():
             window = self._lengths.get(seg)
             remote_n = max(w for _, _, w in quantiles)

@@ -109,6 +109,7 @@ def label_sets() -> dict[str, set[str]]:
             for suffix in _SAMPLE_SUFFIXES.get(family.type, [""]):
                 labels[family.name + suffix] = names | ({"le"} if suffix == "_bucket" else set())
     gateway.key_metrics("a-key")  # the per-key series come from a collector: their labels from its samples
+    gateway.prefix_counts("standard", "http://replica:8000")  # so do the per-replica prefix-cache counts
     for family in registry.collect():
         for sample in family.samples:
             labels.setdefault(sample.name, set()).update(sample.labels)

@@ -218,6 +218,12 @@ class AdaptiveConfig(_Strict):
         description="softness of the split near balance, times the share of the pools' requests other gateways sent",
     )  # fmt: skip
     externality: float = Field(default=1.0, ge=0, le=4, description="weight of the delay a request adds to others")
+    shared_device: bool = Field(
+        default=False,
+        description="the two pools run on one device (time-sliced): the model starts from each pool running at half "
+        "speed while the other works and learns the factor from there, instead of learning whether they couple "
+        "(which needs each pool idle some of the time; docs/adaptive.md)",
+    )  # fmt: skip
     warmup_pool: PoolName = Field(default="standard", description="`default_pool: fastest` while warming up")
     warmup_balance: bool = Field(
         default=True,

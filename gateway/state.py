@@ -117,6 +117,7 @@ class GatewayState:
         self.pools.configure({name: pool.replicas for name, pool in rules.pools.items()})
         self.learner.set_learning_rate(rules.adaptive.learning_rate)
         self.learner.forget_s = rules.adaptive.stale_s
+        self.learner.shared_device = rules.adaptive.shared_device
         return RuleSet(rules, Classifier(rules, prefixes=self._prefix_reader(rules)), frozenset(rules.models))
 
     def _prefix_reader(self, rules: RoutingRules) -> PrefixReader | None:

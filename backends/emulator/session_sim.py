@@ -126,9 +126,11 @@ def session_simulations(
     sims: dict[str, Callable[[], Simulation]] = {}
     adaptive = policies.adaptive
     if adaptive is not None:
-        rate, forget = adaptive.adaptive.learning_rate, adaptive.adaptive.stale_s
-        sims[ADAPTIVE] = lambda: make(profile, adaptive, learner=Learner(rate, forget))
-        sims[ADAPTIVE_PREFIX] = lambda: make(profile, adaptive, picker=PREFIX, learner=Learner(rate, forget))
+        rate, forget, shared = (
+            adaptive.adaptive.learning_rate, adaptive.adaptive.stale_s, adaptive.adaptive.shared_device
+        )
+        sims[ADAPTIVE] = lambda: make(profile, adaptive, learner=Learner(rate, forget, shared))
+        sims[ADAPTIVE_PREFIX] = lambda: make(profile, adaptive, picker=PREFIX, learner=Learner(rate, forget, shared))
     sims[PLAIN_PREFIX] = lambda: single(STANDARD, PREFIX)
     sims[DYNAMIC_PREFIX] = lambda: single(SPECULATIVE, PREFIX, dynamic_profile(profile))
     sims[PLAIN_STICKY] = lambda: single(STANDARD, STICKY)

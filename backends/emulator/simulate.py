@@ -507,11 +507,13 @@ def simulations(
         MYOPIC: lambda: sim(reference, myopic=True),
     }
     if adaptive is not None:
-        rate, forget = adaptive.adaptive.learning_rate, adaptive.adaptive.stale_s
-        sims[ADAPTIVE] = lambda: sim(adaptive, learner=Learner(rate, forget))
+        rate, forget, shared = (
+            adaptive.adaptive.learning_rate, adaptive.adaptive.stale_s, adaptive.adaptive.shared_device
+        )
+        sims[ADAPTIVE] = lambda: sim(adaptive, learner=Learner(rate, forget, shared))
 
         def warm(perfect: bool = False) -> Simulation:
-            learner = Learner(rate, forget)
+            learner = Learner(rate, forget, shared)
             sim(adaptive, seed + 1, learner, perfect=perfect).run(warm_arrivals or ())
             return sim(adaptive, seed, learner, perfect=perfect)
 

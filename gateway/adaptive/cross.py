@@ -15,6 +15,11 @@ CROSS_MIN_SPREAD = 10.0  # and this much spread in the other pool's busyness (sq
 # observations on the rarer side, busy or idle): nearly all at one value, a few points would decide it
 CROSS_Z = 3.0  # the cross term used is its estimate less this many standard errors (0 when that is below 0)
 CROSS_MAX = 1.5  # and at most this (e^1.5: a pool 4.5x slower while the other works)
+# Declared by the operator (rules `adaptive.shared_device`): both pools time-slice one device, so a pool runs about
+# half as fast while the other works. The term starts from this prior and the data move it as their standard
+# error allows (a normal prior: log 2 +- 0.35, i.e. 1.4x-2.8x at one standard deviation).
+SHARED_PRIOR = math.log(2.0)
+SHARED_PRIOR_SD = 0.35
 
 
 def other_busy_share(run_share: float | None, decision_load: float | None, gateways: int = 1) -> float | None:
@@ -44,6 +49,7 @@ class Cross:
     sums: list[float] = field(default_factory=lambda: [0.0] * 10)  # n, u, x, y, uu, ux, xx, uy, xy, yy
     used: float = 0.0
     last_fit: tuple[float, float, float] | None = None  # as of the last refresh: estimate, standard error, spread
+    last_declared: bool = False  # the last refresh had the operator's declaration (a kept value is then its own)
 
     def step(self, u: float, x: float, y: float) -> None:
         keep = 1.0 - CROSS_DECAY
@@ -68,16 +74,28 @@ class Cross:
         variance = max(residual, 0.0) / max(n - 3.0, 1.0)
         return beta_x, math.sqrt(variance * cuu / det)
 
-    def refresh(self) -> float:
+    def refresh(self, declared: bool = False) -> float:
         """Sets ``used`` from the data, or keeps it while the data cannot tell (hardware does not change: a
         policy that learned to keep one pool idle, or both pools busy for a long time, leaves the other pool's
-        busyness without spread; the term is not forgotten for that). Before CROSS_MIN_SAMPLES: 0."""
+        busyness without spread; the term is not forgotten for that). Before CROSS_MIN_SAMPLES: 0.
+
+        ``declared`` (the operator says the pools share one device): the term is :data:`SHARED_PRIOR` until the
+        data can tell, then the prior and the estimate weighted by their precisions (no discount: the coupling
+        is known to exist, only its size is learned)."""
         found = self.estimate()
         self.last_fit = None
         if found is not None:
             n, sx, sxx = self.sums[0], self.sums[2], self.sums[6]
             self.last_fit = (*found, sxx - sx * sx / n)
-            self.used = min(max(found[0] - CROSS_Z * found[1], 0.0), CROSS_MAX)
+            if declared:
+                prior_w, data_w = SHARED_PRIOR_SD**-2, max(found[1], 1e-6) ** -2
+                posterior = (SHARED_PRIOR * prior_w + found[0] * data_w) / (prior_w + data_w)
+                self.used = min(max(posterior, 0.0), CROSS_MAX)
+            else:
+                self.used = min(max(found[0] - CROSS_Z * found[1], 0.0), CROSS_MAX)
+        elif declared:
+            self.used = self.used if self.last_declared else SHARED_PRIOR
         elif self.sums[0] < CROSS_MIN_SAMPLES:
             self.used = 0.0
+        self.last_declared = declared
         return self.used

@@ -254,7 +254,8 @@ class _PoolState:
 class Learner:
     """Mutable learning state of one gateway (or one simulation). Not thread-safe: one owner feeds it."""
 
-    def __init__(self, learning_rate: float = 0.05, forget_s: float | None = None) -> None:
+    def __init__(self, learning_rate: float = 0.05, forget_s: float | None = None, shared_device: bool = False) -> None:
+        self.shared_device = shared_device  # declared by the operator (rules adaptive.shared_device): cross.py's prior
         self.set_learning_rate(learning_rate)
         self.forget_s = forget_s  # past this long unseen on a pool, a segment's samples there fade (None: never)
         self._pools: dict[str, _PoolState] = {}
@@ -301,7 +302,7 @@ class Learner:
             state.ttft.refresh()
             state.tpot.refresh()
             for each in self._pools.values():  # both: pools observed in turn would leave one never refreshed
-                each.cross.refresh()
+                each.cross.refresh(self.shared_device)
 
     def _observe_tpot(
         self, state: _PoolState, obs: Observation, ttft: float, u: float, deviation: float | None
@@ -360,7 +361,7 @@ class Learner:
         if self._frozen is not None:
             return self._frozen
         for state in self._pools.values():
-            state.cross.refresh()
+            state.cross.refresh(self.shared_device)
         pools = {name: _freeze_pool(state) for name, state in self._pools.items()}
         lengths = {seg: Lengths.of(list(window)) for seg, window in self._lengths.items() if window}
         everything = Lengths.of(list(self._all_lengths)) if self._all_lengths else None

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from gateway.adaptive.cross import SHARED_PRIOR, Cross
 from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import busy
 
@@ -95,3 +96,39 @@ def test_a_request_is_charged_for_slowing_the_other_pool() -> None:
     busy_quiet, busy_loaded = (model.predict("speculative", "chat", 100, 100, 4.0, other_load=o) for o in (0.0, 10.0))
     assert busy_quiet is not None and busy_loaded is not None
     assert busy_loaded.cost_s == busy_quiet.cost_s
+
+
+def test_declared_shared_device_starts_from_the_prior_before_any_spread() -> None:
+    learner = Learner(shared_device=True)
+    rng = random.Random(0)
+    for _ in range(50):  # both pools always busy: no spread in the other's busyness, nothing to learn from
+        _observe(learner, rng, 10.0, 10.0, cross=0.5, noise=0.1)
+    model = learner.model()
+    assert model.pools["standard"].cross == pytest.approx(SHARED_PRIOR)
+    assert model.other_cross  # so the policy's one-device step may act at once
+    undeclared = Learner()
+    for _ in range(50):
+        _observe(undeclared, rng, 10.0, 10.0, cross=0.5, noise=0.1)
+    assert undeclared.model().pools["standard"].cross == 0.0 and not undeclared.model().other_cross
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_declared_shared_device_learns_the_factor_from_the_prior(seed: int) -> None:
+    rng = random.Random(seed)
+    learner = Learner(shared_device=True)
+    for i in range(1500):
+        own = rng.uniform(0, 20)
+        other = max(0.0, own * 0.5 + rng.uniform(-6, 6))
+        _observe(learner, rng, own, other, cross=0.3, noise=0.2)  # the truth: 1.35x, not the prior's 2x
+        if i % 25 == 0:
+            learner.model(float(i))
+    fit = learner.model().pools["standard"]
+    assert fit.cross_fit is not None
+    assert 0.2 < fit.cross < SHARED_PRIOR - 0.2  # the data moved it most of the way from log 2 to 0.3
+
+
+def test_a_declared_term_keeps_what_it_learned_while_the_data_cannot_tell() -> None:
+    cross = Cross(used=0.4, last_declared=True)
+    assert cross.refresh(declared=True) == 0.4
+    assert Cross().refresh(declared=True) == pytest.approx(SHARED_PRIOR)
+    assert Cross().refresh(declared=False) == 0.0

@@ -145,3 +145,14 @@ def test_what_the_other_pool_was_doing_reaches_the_learner() -> None:
     assert state._pending[-1].other_busy == pytest.approx(math.log2(1.5))
     state.learn(features, decision, 0.1, 1.0, 50, "e2e", other_busy=0.9)
     assert state._pending[-1].other_busy == 0.9
+
+
+def test_the_rules_declaration_of_one_device_reaches_the_learner_and_a_reload_takes_it_back() -> None:
+    state = _state()
+    assert state.learner.shared_device is False
+    rules = state.ruleset.rules
+    declared = rules.model_copy(update={"adaptive": rules.adaptive.model_copy(update={"shared_device": True})})
+    state.apply_rules(declared)
+    assert state.learner.shared_device is True
+    state.apply_rules(rules)
+    assert state.learner.shared_device is False

@@ -5,7 +5,8 @@ from the session set. A level's load is a share of one pool's capacity in *reque
 workloads, over all turns), so sessions start at ``qps / mean turns per session``. A session's first turn
 arrives when it starts; each next turn ``think_s`` after the previous answer finished, ``think_s`` drawn
 exponential with mean ``think_mean_s`` (drawn with the arrivals, so every policy serves the same sessions
-with the same pauses). Every turn carries its prompt's KV block hashes; a session drawn again is another
+with the same pauses). Every turn carries its KV block hashes, its prompt's and then those its answer fills
+(:func:`answer_blocks`: the engine caches them when the turn ends, as vLLM does); a session drawn again is another
 user: its blocks after the system prompt hash apart (``prompt_blocks.chat_blocks(salt=...)``), while the
 system prompt (tool definitions, retrieved documents) is shared. Its features carry what the gateway reads
 with the prefix index on (``gateway.prefix_index.PrefixReader``: the text's 512-byte blocks, the session key,
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.emulator.evaluate import Options
+from backends.emulator.prefix_cache import BLOCK_SIZE
 from backends.emulator.profiles import Profile
 from backends.emulator.prompt_blocks import chat_blocks
 from backends.emulator.report import SessionSummary, summarise_sessions
@@ -64,7 +66,7 @@ from backends.emulator.simulate import (
     after_warmup,
     fixed_pool_rules,
 )
-from backends.workloads.sessions import SessionSet
+from backends.workloads.sessions import SessionSet, SessionTurn
 from gateway.adaptive.learner import Learner
 from gateway.features import Classifier
 from gateway.prefix_index import PrefixReader
@@ -108,7 +110,7 @@ def make_session_arrivals(
         for number, turn in enumerate(session.turns, start=1):
             think = rng.expovariate(1.0 / think_mean_s) if number > 1 and think_mean_s > 0 else 0.0
             features = request_features(turn.item, rng, rules, classifier)
-            blocks = chat_blocks(turn.item.messages, salt=name)
+            blocks = answer_blocks(turn, name)
             features.blocks, features.session, features.prefix_bytes = reader.chat(
                 salted(turn.item.messages, name), None, {}
             )  # fmt: skip
@@ -116,6 +118,18 @@ def make_session_arrivals(
             arrivals.append(Arrival(index, now, turn.item, features, turn.item.acceptance, blocks, name, number,
                                     previous, think))  # fmt: skip
             previous = index
+
+
+def answer_blocks(turn: SessionTurn, salt: str) -> tuple[int, ...]:
+    """The turn's KV block hashes through its answer: its prompt's, then the full blocks its generated tokens
+    fill (the engine caches those too when it finishes, and the next turn, which resends the answer, hits them).
+    The answer is rendered as the next turn renders it (``<|im_start|> assistant``, a newline, its text)."""
+    item = turn.item
+    if not turn.answer:
+        return chat_blocks(item.messages, salt=salt)
+    generated = min(item.output_tokens, item.max_tokens)
+    rendered = chat_blocks((*item.messages, {"role": "assistant", "content": turn.answer}), salt=salt)
+    return rendered[: (item.prompt_tokens + generated) // BLOCK_SIZE]
 
 
 def salted(messages: Sequence[Mapping[str, Any]], salt: str) -> list[Mapping[str, Any]]:

@@ -101,6 +101,23 @@ def test_session_arrivals_start_at_the_request_rate_over_turns_and_repeat_as_oth
     assert shared * BLOCK_SIZE >= 800  # the shared tool definitions hit; the user's own part does not
 
 
+def test_a_turn_carries_its_answers_blocks_and_the_next_turn_starts_with_them() -> None:
+    """The engine caches a finished answer's full blocks (as vLLM does): a turn's hashes run on past its prompt
+    through what its answer fills, and the next turn, which resends the answer, starts with all of them."""
+    arrivals = make_session_arrivals(SESSIONS, 6.0, 60.0, seed=2, rules=POLICIES.reference)
+    by_index = {a.index: a for a in arrivals}
+    followers = [a for a in arrivals if a.after is not None]
+    assert followers
+    for arrival in followers:
+        previous = by_index[arrival.after]  # type: ignore[index]
+        assert previous.block_hashes is not None and arrival.block_hashes is not None
+        item = previous.item
+        assert len(previous.block_hashes) == (item.prompt_tokens + min(item.output_tokens, item.max_tokens)) // 16
+        assert arrival.block_hashes[: len(previous.block_hashes)] == previous.block_hashes
+        prompt = chat_blocks(item.messages, salt=previous.session)
+        assert previous.block_hashes[: len(prompt)] == prompt
+
+
 def _one_agent_and_a_long_request() -> list[Arrival]:
     """A two-turn agent session (turn 2 ten seconds after turn 1 ends) and, between its turns, a long request
     that lands on turn 1's replica when the replica is picked by the fewest in flight."""

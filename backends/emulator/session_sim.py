@@ -10,8 +10,8 @@ with the same pauses). Every turn carries its KV block hashes, its prompt's and 
 user: its blocks after the system prompt hash apart (``prompt_blocks.chat_blocks(salt=...)``), while the
 system prompt (tool definitions, retrieved documents) is shared. Its features carry what the gateway reads
 with the prefix index on (``gateway.prefix_index.PrefixReader``: the text's 512-byte blocks, the session key,
-the bytes read), from the same text with the same salt on the same message's role, so that the gateway's index
-tells users apart where the engines' caches do.
+the bytes read), from the same text with the same salt at the same message's start, so that the gateway's
+index tells users apart where the engines' caches do.
 
 **Policies at equal hardware** (``2 x replicas`` engines in all), every engine with its prefix cache on
 unless ``prefix_caching`` is off:
@@ -133,13 +133,13 @@ def answer_blocks(turn: SessionTurn, salt: str) -> tuple[int, ...]:
 
 
 def salted(messages: Sequence[Mapping[str, Any]], salt: str) -> list[Mapping[str, Any]]:
-    """The messages with ``salt`` on the role of the first one after the system prompt, as
-    ``prompt_blocks.chat_tokens`` salts its tokens (for the gateway's reading only: the request is unchanged)."""
+    """The messages with ``salt`` at the start of the first one after the system prompt, where
+    ``prompt_blocks.chat_tokens`` salts its tokens (for the gateway's reading only: the request is unchanged; in
+    the text, not the role, so that the reader still finds the first user message's end)."""
     out = list(messages)
     for position, message in enumerate(out):
-        role = str(message.get("role", ""))
-        if role not in ("system", "developer"):
-            out[position] = {**message, "role": f"{role}\x1f{salt}"}
+        if str(message.get("role", "")) not in ("system", "developer"):
+            out[position] = {**message, "content": f"{salt}\x1f{message.get('content') or ''}"}
             break
     return out
 

@@ -116,6 +116,9 @@ def test_a_turn_carries_its_answers_blocks_and_the_next_turn_starts_with_them() 
         assert arrival.block_hashes[: len(previous.block_hashes)] == previous.block_hashes
         prompt = chat_blocks(item.messages, salt=previous.session)
         assert previous.block_hashes[: len(prompt)] == prompt
+        # the gateway's reading too: the next turn holds every value of the previous turn (its first turn's mark
+        # included, however short), so the gateway's index expects the whole previous prompt there
+        assert set(previous.features.blocks) <= set(arrival.features.blocks)
 
 
 def _one_agent_and_a_long_request() -> list[Arrival]:

@@ -227,13 +227,15 @@ def create_app(
 
 
 def prefix_view(state: GatewayState, features: RequestFeatures) -> dict[str, Any]:
-    """What the prefix index expects of the request: its blocks read, its session key, and per pool each replica's
-    expected hit and whether its load lets it win on it (``gateway/pools.py``'s rule)."""
+    """What the prefix index expects of the request: its blocks read, its session key, per pool the prompt tokens
+    the decision read as cached there, and per pool each replica's expected hit and whether its load lets it win
+    on it (``gateway/pools.py``'s rule)."""
     blocks = features.blocks
     return {
         "on": state.ruleset.classifier.prefixes is not None,
         "blocks": len(blocks),
         "session": features.session,
+        "cached_tokens": features.cached_tokens,
         "pools": state.pools.expected_hits(blocks),
     }
 

@@ -49,6 +49,15 @@ class RequestFeatures:
     # the prompt's chained block values (gateway/prefix_index.py), read only while the prefix index is on
     blocks: tuple[int, ...] = ()
     session: str | None = None  # the session key (x-session-id, else the first turn with `user`), index on only
+    prefix_bytes: int = 0  # the bytes of text the blocks were read from
+    # per pool, the prompt tokens expected cached on the replica the pool would pick (gateway.pools.PoolSet.
+    # expected_cached): set by the gateway before the decision, only for a request with blocks; None: not known
+    cached_tokens: Mapping[str, int] | None = None
+
+    def uncached_tokens(self, pool: str) -> int:
+        """The prompt tokens the pool is expected to prefill: all of them unless ``cached_tokens`` says otherwise."""
+        cached = self.cached_tokens
+        return self.prompt_tokens - cached.get(pool, 0) if cached is not None else self.prompt_tokens
 
     @property
     def sequences(self) -> int:
@@ -204,7 +213,7 @@ def request_features(
         content=content,
     )
     if prefix is not None:  # set here, not passed above: with the index off, the features cost what they did
-        features.blocks, features.session = prefix
+        features.blocks, features.session, features.prefix_bytes = prefix
     return features
 
 

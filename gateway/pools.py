@@ -17,6 +17,13 @@ tokens, as without blocks. The slack is the simulator's prefix-aware router's (`
 prefix_router.py``): a few more sequences in a continuous batch of dozens cost a few percent of step time, while
 re-prefilling a conversation's history on a replica that never saw it costs its whole prefill; past the slack the
 request would queue behind the holder's work, and a session is better re-prefilled elsewhere.
+
+The same rule tells the pool choice what each pool would find cached: before the decision, for a request with
+blocks, :meth:`PoolSet.expected_cached` reads per pool the expected hit of the replica the rule would choose
+(the longest eligible holder's; 0 where the choice would be by load), as prompt tokens, into
+``RequestFeatures.cached_tokens`` (the latency model predicts the first token from the uncached rest). The rule
+is written once (:func:`choose_replica`, :func:`best_holder`, :func:`expected_hit`) over anything with a URL, an
+in-flight count and booked tokens, so the simulator's specgate chooses by this code too.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from gateway.breaker import OPEN, STATES, BreakerPolicy, CircuitBreaker
 from gateway.errors import NoHealthyBackend
 from gateway.metrics import GatewayMetrics
-from gateway.prefix_index import PrefixIndex
+from gateway.prefix_index import PrefixIndex, cached_tokens
 from gateway.snapshot import POOL_NAMES, PoolSnapshot, other_pool
 
 HEALTH_VERDICTS = ("ok", "failed", "timeout", "late")  # gateway/health.py's verdicts
@@ -42,6 +50,72 @@ def affinity_limit(least: int) -> float:
     """The most requests in flight a replica may have and still be chosen for its cached prefix, given the
     least-loaded candidate's count (the module's rule)."""
     return least + max(AFFINITY_SLACK_REQUESTS, AFFINITY_SLACK_SHARE * least)
+
+
+class Bookable(Protocol):
+    """What the affinity rule reads of a replica (the gateway's :class:`Replica`, the simulator's too)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def booked_tokens(self) -> int: ...
+
+
+R = TypeVar("R", bound=Bookable)
+
+
+def best_holder(candidates: Sequence[R], blocks: Sequence[int], index: PrefixIndex) -> tuple[R | None, int]:
+    """The module's rule: among ``candidates`` within :func:`affinity_limit` of the least loaded, the one expected
+    to hold the most leading blocks (ties: fewest booked tokens), and its expected hit; (None, 0) when no
+    eligible one holds any."""
+    limit = affinity_limit(min(r.inflight for r in candidates))
+    best, best_hit = None, 0
+    for replica in candidates:
+        if replica.inflight > limit:
+            continue
+        hit = index.expected_hit(replica.url, blocks)
+        if hit > best_hit or (hit and hit == best_hit and best is not None
+                              and replica.booked_tokens < best.booked_tokens):  # fmt: skip
+            best, best_hit = replica, hit
+    return best, best_hit
+
+
+def choose_replica(
+    candidates: Sequence[R], blocks: Sequence[int], index: PrefixIndex | None, rng: random.Random
+) -> R | None:  # fmt: skip
+    """The replica for a request: with ``blocks`` and the prefix index, the one expected to hold the longest
+    prefix among those within the load slack (:func:`best_holder`); else power of two choices on booked tokens.
+    The gateway's :meth:`Pool.pick` and the simulator's specgate both choose by it."""
+    if len(candidates) <= 1:
+        return candidates[0] if candidates else None
+    if blocks and index is not None:
+        holder = best_holder(candidates, blocks, index)[0]
+        if holder is not None:
+            return holder
+    a, b = rng.sample(candidates, 2)
+    return a if a.booked_tokens <= b.booked_tokens else b
+
+
+def expected_hit(candidates: Sequence[R], blocks: Sequence[int], index: PrefixIndex) -> int:
+    """The expected hit, in values, of the replica :func:`choose_replica` would choose on its cache among
+    ``candidates`` (the only one's, where there is one; 0 where it would choose by load)."""
+    if len(candidates) == 1:
+        return index.expected_hit(candidates[0].url, blocks)
+    return best_holder(candidates, blocks, index)[1] if candidates else 0
+
+
+def expected_cached(
+    pools: Mapping[str, Sequence[R]], blocks: Sequence[int], read_bytes: int, prompt_tokens: int, index: PrefixIndex
+) -> dict[str, int]:  # fmt: skip
+    """Per pool (its candidate replicas), the prompt tokens expected cached on the replica it would choose
+    (:func:`expected_hit`, read as tokens by :func:`~gateway.prefix_index.cached_tokens`): what the latency
+    model reads as ``RequestFeatures.cached_tokens``."""
+    return {
+        name: cached_tokens(blocks, expected_hit(candidates, blocks, index), read_bytes, prompt_tokens)
+        for name, candidates in pools.items()
+    }
 
 
 class LoadClock:
@@ -200,33 +274,15 @@ class Pool:
         self.index = index
 
     def pick(self, exclude: frozenset[Replica] = frozenset(), blocks: Sequence[int] = ()) -> Replica | None:
-        """Among healthy replicas not excluded whose breaker admits: with ``blocks`` and the prefix index, the
-        one expected to hold the longest prefix among those within the load slack (the module's rule); else
-        power of two choices on booked tokens."""
+        """:func:`choose_replica` among healthy replicas not excluded whose breaker admits."""
         candidates = [r for r in self.replicas if r.healthy and r.breaker.admits and r not in exclude]
-        if len(candidates) <= 1:
-            return candidates[0] if candidates else None
-        if blocks and self.index is not None:
-            holder = self._holder(candidates, blocks, self.index)
-            if holder is not None:
-                return holder
-        a, b = self._rng.sample(candidates, 2)
-        return a if a.booked_tokens <= b.booked_tokens else b
+        return choose_replica(candidates, blocks, self.index, self._rng)
 
-    @staticmethod
-    def _holder(candidates: list[Replica], blocks: Sequence[int], index: PrefixIndex) -> Replica | None:
-        """The eligible candidate expected to hold the most leading blocks (ties: fewest booked tokens), or None
-        when no eligible one holds any."""
-        limit = affinity_limit(min(r.inflight for r in candidates))
-        best, best_hit = None, 0
-        for replica in candidates:
-            if replica.inflight > limit:
-                continue
-            hit = index.expected_hit(replica.url, blocks)
-            if hit > best_hit or (hit and hit == best_hit and best is not None
-                                  and replica.booked_tokens < best.booked_tokens):  # fmt: skip
-                best, best_hit = replica, hit
-        return best
+    def expected_hit(self, blocks: Sequence[int]) -> int:
+        """:func:`expected_hit` of the replicas :meth:`pick` would choose among (none excluded)."""
+        if self.index is None:
+            return 0
+        return expected_hit([r for r in self.replicas if r.healthy and r.breaker.admits], blocks, self.index)
 
     def expected_hits(self, blocks: Sequence[int]) -> list[dict[str, object]]:
         """Each replica's expected hit for ``blocks`` and whether its load lets it win on it (for explain)."""
@@ -322,6 +378,16 @@ class PoolSet:
             counts.queries += len(blocks)
             counts.hits += self.index.record(replica.url, blocks)
         return replica.book(tokens)
+
+    def expected_cached(self, blocks: Sequence[int], read_bytes: int, prompt_tokens: int) -> dict[str, int]:
+        """Per pool, the prompt tokens expected cached on the replica it would pick for ``blocks`` (the module's
+        :func:`expected_cached` over each pool's replicas that take traffic; all 0 with the index off). Computed
+        once per request with blocks, before the decision."""
+        index = self.index
+        if index is None:
+            return dict.fromkeys(self.pools, 0)
+        up = {name: [r for r in pool.replicas if r.healthy and r.breaker.admits] for name, pool in self.pools.items()}
+        return expected_cached(up, blocks, read_bytes, prompt_tokens, index)
 
     def expected_hits(self, blocks: Sequence[int]) -> dict[str, list[dict[str, object]]]:
         """Per pool, each replica's expected hit for ``blocks`` (explain)."""

@@ -50,7 +50,8 @@ from typing import Any
 from zlib import crc32
 
 Blocks = tuple[int, ...]
-PromptPrefix = tuple[Blocks, str | None]  # a request's chained values and its session key (a tuple: cheap)
+# a request's chained values, its session key and the bytes of text they were read from (a tuple: cheap)
+PromptPrefix = tuple[Blocks, str | None, int]
 
 BLOCK_BYTES = 512  # ~128 tokens of English or code, ~120-170 of CJK: about eight of vLLM's 16-token KV blocks
 READ_BYTES = 16 * 1024  # default bound on the text read per request (32 blocks)
@@ -86,7 +87,7 @@ class PrefixReader:
         end = min(first_turn, len(data))
         mark = _MARK | end << 32 | _crc_at(data, blocks, end)
         full = end // BLOCK_BYTES
-        return (*blocks[:full], mark, *blocks[full:]), session_key(headers, user, mark)
+        return (*blocks[:full], mark, *blocks[full:]), session_key(headers, user, mark), len(data)
 
     def completion(self, prompt: Any, user: Any, headers: Mapping[str, str]) -> PromptPrefix:
         """A validated completion prompt: a string, strings (the first is read), token ids, or lists of them."""
@@ -98,10 +99,10 @@ class PrefixReader:
             try:
                 data = array("I", prompt).tobytes()[: self.read_bytes]  # 4 bytes a token: a block is 128 tokens
             except (OverflowError, TypeError):
-                return (), session_key(headers, user, None)
+                return (), session_key(headers, user, None), 0
         blocks = chain(data)
         end = min(SESSION_BYTES, len(data))
-        return blocks, session_key(headers, user, end << 32 | _crc_at(data, blocks, end))
+        return blocks, session_key(headers, user, end << 32 | _crc_at(data, blocks, end)), len(data)
 
 
 def chat_text(messages: Sequence[Mapping[str, Any]], limit: int) -> tuple[str, int]:
@@ -145,6 +146,17 @@ def _crc_at(data: bytes, blocks: Blocks, end: int) -> int:
     full = end // BLOCK_BYTES
     crc = blocks[full - 1] & 0xFFFFFFFF if full else 0
     return crc32(data[full * BLOCK_BYTES : end], crc)
+
+
+def cached_tokens(blocks: Sequence[int], hit: int, read_bytes: int, prompt_tokens: int) -> int:
+    """The prompt tokens expected cached when its first ``hit`` values are held: the share of the text read
+    (``read_bytes``) up to the last held value's end, of the request's ``prompt_tokens`` (its estimate). A prompt
+    longer than what was read counts as what was read: its unread tail is judged by its head (a conversation's
+    history is read first)."""
+    if hit <= 0 or read_bytes <= 0:
+        return 0
+    end = (blocks[hit - 1] & (_MARK - 1)) >> 32  # the offset above bit 32 (a first turn's mark: its end)
+    return min(prompt_tokens, prompt_tokens * end // read_bytes)
 
 
 def session_key(headers: Mapping[str, str], user: Any, mark: int | None) -> str | None:

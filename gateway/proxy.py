@@ -120,6 +120,7 @@ class ProxyRoute:
         ruleset = self.state.ruleset
         features = extract_features(payload, self.kind, headers, ruleset.rules, ruleset.classifier)
         self.state.check_model(features.model)
+        self.state.see_cache(features)
         return features, decide(features, snapshot, ruleset.rules)
 
 

@@ -194,6 +194,7 @@ class ResponsesRoute:
         ruleset = self.state.ruleset
         features = responses_features(payload, headers, ruleset.rules, ruleset.classifier)
         self.state.check_model(features.model)
+        self.state.see_cache(features)
         return features, decide(features, snapshot, ruleset.rules)
 
     async def _conversation_owner(self, payload: Mapping[str, Any], key: ApiKey | None, owner: str) -> Replica | None:

@@ -139,6 +139,15 @@ class GatewayState:
         if model and known and model not in known:
             raise UnknownModel(f"The model '{model}' does not exist", param="model")
 
+    def see_cache(self, features: RequestFeatures) -> None:
+        """Before the decision: per pool, the prompt tokens its chosen replica is expected to hold (the prefix
+        index, read under the replica choice's own rule) into ``features.cached_tokens``, for the latency model.
+        Only for a request with blocks: without them the features, and so the decision, are as they were."""
+        if features.blocks:
+            features.cached_tokens = self.pools.expected_cached(
+                features.blocks, features.prefix_bytes, features.prompt_tokens
+            )  # fmt: skip
+
     # -- snapshot ------------------------------------------------------------------------------------
     def refresh_snapshot(self) -> None:
         with held(self._snapshot_job):
@@ -214,8 +223,11 @@ class GatewayState:
         # (scaled, as pool_load scales them, by the gateway replicas sharing the pool)
         run_load = None if run_shift is None else max(decision.load + self.snapshot.gateways * run_shift, 0.0)
         other = other_busy_share(other_busy, decision.other_load, self.snapshot.gateways)
+        # the prompt as the decision saw it on the pool: what it expected to be prefilled there (all of it without
+        # blocks), so the prompt-size offsets of time to first token are learned against what a prediction reads
         self._pending.append(Observation(
-            decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
+            decision.pool, segment, features.uncached_tokens(decision.pool), decision.load, first, total, tokens,
+            acceptance,
             at_s=time.monotonic(), run_load=run_load, template=features.template, content=content_of(features),
             other_busy=other,
         ))  # fmt: skip

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.errors import InvalidRequest
 from gateway.features import Classifier, compile_cue_pattern, estimate_tokens, extract_features, has_copy_cue
-from gateway.prefix_index import PrefixReader
+from gateway.prefix_index import PrefixReader, chat_text
 from gateway.rules import default_rules
 
 RULES = default_rules()
@@ -220,10 +220,12 @@ def test_copy_cue_means_what_the_backtracking_pattern_meant() -> None:
 def test_the_prefix_blocks_and_session_key_are_read_only_with_a_prefix_reader() -> None:
     body = {**chat("Where is my order? " * 60, "You are the shop's assistant."), "user": "ann"}
     plain = extract_features(body, "chat", {}, RULES, Classifier(RULES))
-    assert (plain.blocks, plain.session) == ((), None)
+    assert (plain.blocks, plain.session, plain.prefix_bytes, plain.cached_tokens) == ((), None, 0, None)
     reader = PrefixReader()
     features = extract_features(body, "chat", {}, RULES, Classifier(RULES, prefixes=reader))
-    assert (features.blocks, features.session) == reader.chat(body["messages"], "ann", {}) and features.blocks
+    read = reader.chat(body["messages"], "ann", {})
+    assert (features.blocks, features.session, features.prefix_bytes) == read and features.blocks
+    assert read[2] == len(chat_text(body["messages"], 10**6)[0].encode())  # the whole chat was read
     completion = extract_features({"model": "m", "prompt": "x" * 2000}, "completions", {"x-session-id": "s1"}, RULES,
                                   Classifier(RULES, prefixes=reader))  # fmt: skip
     assert len(completion.blocks) == 3 and completion.session is not None and completion.session.startswith("h:")

@@ -7,8 +7,8 @@ from prometheus_client import CollectorRegistry
 
 from gateway.errors import NoHealthyBackend
 from gateway.metrics import GatewayMetrics
-from gateway.pools import PoolSet, Replica, affinity_limit
-from gateway.prefix_index import PrefixIndex
+from gateway.pools import PoolSet, Replica, affinity_limit, choose_replica, expected_cached, expected_hit
+from gateway.prefix_index import PrefixIndex, chain
 
 
 def make(standard: list[str], speculative: list[str] | None = None, index: PrefixIndex | None = None) -> PoolSet:
@@ -319,3 +319,51 @@ def test_expected_hits_show_each_replica_and_its_eligibility() -> None:
         (a.url, 0, True), (b.url, 2, False), (c.url, 0, True)
     ]  # fmt: skip
     assert rows[1]["expected_hit_share"] == 0.5 and pools.expected_hits(PROMPT)["speculative"] == []
+
+
+# -- what each pool's choice would find cached: the pool choice's input ------------------------------------------
+
+
+def test_each_pool_expects_the_hit_of_the_replica_its_choice_would_take() -> None:
+    """The holder the rule would choose gives the pool's expected hit; a holder past the slack does not (the
+    choice would go by load); a pool of one replica expects that one's; the other pool expects nothing."""
+    index = PrefixIndex()
+    pools = make(URLS, ["http://s:1"], index=index)
+    a, b, _ = pools.pools["standard"].replicas
+    values = chain(b"y" * 2048)  # four blocks of 512 bytes, 2 KiB read
+    index.record(b.url, values)
+    index.record(a.url, values[:1])
+    assert pools.expected_cached(values, 2048, 400) == {"standard": 400, "speculative": 0}
+    busy(b, 9)  # past the slack: the choice would be a, which holds one block of four
+    assert pools.expected_cached(values, 2048, 400) == {"standard": 100, "speculative": 0}
+    index.record("http://s:1", values[:2])
+    assert pools.expected_cached(values, 2048, 400)["speculative"] == 200  # the only replica's, whatever its load
+    assert [pools.pools[name].expected_hit(values) for name in ("standard", "speculative")] == [1, 2]
+
+
+def test_a_pool_with_no_replica_up_or_no_index_expects_nothing_cached() -> None:
+    pools, (a, b, c), index = indexed()
+    index.record(a.url, PROMPT)
+    for replica in (a, b, c):
+        replica.set_healthy(False)
+    assert pools.expected_cached(PROMPT, 2048, 100) == {"standard": 0, "speculative": 0}
+    assert make(URLS).expected_cached(PROMPT, 2048, 100) == {"standard": 0, "speculative": 0}
+
+
+class _Bare:
+    """Anything with a URL, an in-flight count and booked tokens (the simulator's replicas)."""
+
+    def __init__(self, url: str, inflight: int = 0, booked_tokens: int = 0) -> None:
+        self.url, self.inflight, self.booked_tokens = url, inflight, booked_tokens
+
+
+def test_the_rule_is_the_same_for_the_gateways_replicas_and_any_other() -> None:
+    pools, replicas, index = indexed()
+    index.record(replicas[2].url, PROMPT)
+    bare = [_Bare(r.url) for r in replicas]
+    rng = random.Random(1)
+    assert choose_replica(bare, PROMPT, index, rng) is bare[2]
+    assert pools.acquire("standard", 1, blocks=PROMPT).replica is replicas[2]
+    bare[2].inflight = 9
+    assert expected_hit(bare, PROMPT, index) == 0 and choose_replica(bare, PROMPT, index, rng) in bare[:2]
+    assert expected_cached({"one": bare[2:]}, PROMPT, 0, 10, index) == {"one": 0}  # nothing read: nothing known

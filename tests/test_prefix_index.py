@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.prefix_index import BLOCK_BYTES, PrefixIndex, PrefixReader, chain
+from gateway.prefix_index import BLOCK_BYTES, PrefixIndex, PrefixReader, cached_tokens, chain
 
 SYSTEM = "You are a careful assistant for a bookshop. " * 30  # ~1.3 KiB: two full blocks
 READER = PrefixReader()
@@ -48,8 +48,8 @@ def test_values_and_session_keys_are_the_same_in_another_process() -> None:
     ).stdout
     child_chat, child_completion = json.loads(out)
     here = READER.chat(messages, "ann", {})
-    assert (tuple(child_chat[0]), child_chat[1]) == here and len(here[0]) >= 3
-    assert (tuple(child_completion[0]), child_completion[1]) == READER.completion("z" * 3000, None, {})
+    assert (tuple(child_chat[0]), *child_chat[1:]) == here and len(here[0]) >= 3
+    assert (tuple(child_completion[0]), *child_completion[1:]) == READER.completion("z" * 3000, None, {})
 
 
 def test_a_later_turn_starts_with_the_earlier_turns_values() -> None:
@@ -59,6 +59,51 @@ def test_a_later_turn_starts_with_the_earlier_turns_values() -> None:
     index = PrefixIndex()
     index.record("a", first)
     assert index.expected_hit("a", second) == len(first)
+
+
+def test_the_expected_cached_tokens_are_the_share_of_the_text_read_up_to_the_last_value_held() -> None:
+    first = chat("Do you have Anna Karenina? " * 10)
+    later = chat("Do you have Anna Karenina? " * 10, "Yes, two copies. " * 20, "Reserve one.")
+    values, _, read = READER.chat(later, None, {})
+    index = PrefixIndex()
+    index.record("a", READER.chat(first, None, {})[0])
+    hit = index.expected_hit("a", values)
+    end = (values[hit - 1] & ((1 << 62) - 1)) >> 32  # the last value held ends here
+    assert end == first_turn_end(first) == len(chat_bytes(first))  # the previous turn's mark, its last value
+    assert cached_tokens(values, hit, read, 1000) == 1000 * end // read
+    assert cached_tokens(values, 0, read, 1000) == 0 and cached_tokens((), 0, 0, 1000) == 0
+
+
+@pytest.mark.parametrize(
+    ("hit", "read", "prompt", "expected"),
+    [
+        (0, 2048, 500, 0),  # nothing held
+        (1, 2048, 500, 125),  # a 512-byte block of 2 KiB read: a quarter of the prompt
+        (4, 2048, 500, 500),  # all of it
+        (4, 2048, 10, 10),  # never more than the prompt
+        (2, 0, 500, 0),  # nothing read
+    ],
+    ids=["none", "quarter", "all", "capped", "unread"],
+)
+def test_cached_tokens(hit: int, read: int, prompt: int, expected: int) -> None:
+    values = chain(b"x" * 2048)
+    assert cached_tokens(values, hit, read, prompt) == expected
+
+
+def test_a_first_turns_mark_counts_up_to_the_first_turns_end() -> None:
+    """A first turn shorter than a block: its mark is all a later turn holds, and it counts its bytes."""
+    values, _, read = READER.chat(chat("hi", "Hello! " * 200, "And?", system=None), None, {})
+    assert values[0] >> 62 == 1  # the mark comes first (no full block before the first turn's end)
+    assert cached_tokens(values, 1, read, read) == len(b"user\x1fhi\x1e")
+
+
+def chat_bytes(messages: list[dict[str, Any]]) -> bytes:
+    return "".join(f"{m['role']}\x1f{m['content']}\x1e" for m in messages).encode()
+
+
+def first_turn_end(messages: list[dict[str, Any]]) -> int:
+    upto = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    return len(chat_bytes(messages[: upto + 1]))
 
 
 def test_the_first_turn_is_matched_even_when_it_is_shorter_than_a_block() -> None:
@@ -125,7 +170,7 @@ def test_completion_prompts_strings_and_token_ids() -> None:
     ids = list(range(300))
     assert len(READER.completion(ids, None, {})[0]) == 300 * 4 // BLOCK_BYTES
     assert READER.completion([ids], None, {}) == READER.completion(ids, None, {})
-    assert READER.completion([-1, 5], None, {}) == ((), None)  # not token ids the index can read
+    assert READER.completion([-1, 5], None, {}) == ((), None, 0)  # not token ids the index can read
 
 
 def test_the_session_key_holds_across_turns_and_tells_users_and_openings_apart() -> None:

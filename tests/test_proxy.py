@@ -287,6 +287,11 @@ def test_explain_shows_the_expected_prefix_hit_per_replica(gateway: StartGateway
     hits = [r["expected_hit_blocks"] for r in after["prefix"]["pools"][pool]]
     assert sorted(hits) == [0, before["blocks"]] and after["prefix"]["pools"][pool][0]["affinity_eligible"]
     assert "blocks" not in after["features"] and after["features"]["session"] == before["session"]
+    # the decision read the prompt as held on the pool it went to, and on no replica of the other
+    assert before["cached_tokens"] == {"standard": 0, "speculative": 0}
+    other = "speculative" if pool == "standard" else "standard"
+    cached = after["prefix"]["cached_tokens"]
+    assert 0 < cached[pool] <= after["features"]["prompt_tokens"] and cached[other] == 0
     replica = next(r["replica"] for r in after["prefix"]["pools"][pool] if r["expected_hit_blocks"])
     assert gw.sample("specgate_prefix_cache_queries_total", pool=pool, replica=replica) == before["blocks"]
     assert gw.sample("specgate_prefix_cache_hits_total", pool=pool, replica=replica) == 0
@@ -297,4 +302,5 @@ def test_explain_says_when_the_prefix_index_is_off(gateway: StartGateway) -> Non
     with httpx.Client(base_url=gw.url) as client:
         prefix = client.post("/v1/route/explain", json=chat("Are you open on Sunday? " * 50)).json()["prefix"]
     assert prefix["on"] is False and prefix["blocks"] == 0 and prefix["session"] is None
+    assert prefix["cached_tokens"] is None  # no blocks: the decision reads the whole prompt, as it always did
     assert [r["expected_hit_blocks"] for r in prefix["pools"]["standard"]] == [0]

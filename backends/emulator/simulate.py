@@ -29,8 +29,13 @@ index of the previous turn of its session); it arrives when that one finishes pl
 engines' prefix caches work; without it they carry none and nothing is cached (every figure on single-turn
 workloads is computed that way). ``layout`` sets how many engines each pool has (a single-pool baseline puts
 all of them in one pool) and ``picker`` how a replica is chosen within the pool: ``fewest`` in flight (the
-default), ``prefix`` (:func:`backends.emulator.prefix_router.prefix_choice`) or ``sticky`` (a session's turns
-return to the replica of its first turn).
+default), ``prefix`` (:func:`backends.emulator.prefix_router.prefix_choice`, reading the engines' caches),
+``sticky`` (a session's turns return to the replica of its first turn) or ``index``: the gateway's own choice
+(``gateway.pools.choose_replica``) over the gateway's prefix index (``gateway.prefix_index.PrefixIndex``) of
+what this gateway sent where, from the blocks of each request's text (``RequestFeatures.blocks``), with power
+of two choices on booked tokens where no eligible replica holds any. With ``see_cache`` the decision also reads,
+per pool, the prompt tokens the replica it would choose is expected to hold (``RequestFeatures.cached_tokens``,
+``gateway.pools.expected_cached``), as the gateway does, and the learner learns against the uncached rest.
 
 ``known`` carries the acceptance as the speculative engine draws it: the per-token acceptance ``a`` (the
 workload's, times the profile's ``acceptance_scale``), whose mean tokens per step is ``(1 - a^(k+1)) / (1 - a)``.
@@ -59,7 +64,8 @@ from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
 from gateway.decide import decide
 from gateway.features import RequestFeatures
-from gateway.pools import LoadClock, LoadSpan
+from gateway.pools import LoadClock, LoadSpan, choose_replica, expected_cached
+from gateway.prefix_index import PrefixIndex
 from gateway.qps import LocalQps
 from gateway.rules import RoutingRules
 from gateway.snapshot import POOL_NAMES, SPECULATIVE, STANDARD, PoolSnapshot, Snapshot, other_pool
@@ -77,12 +83,14 @@ PLAIN_PREFIX = "plain-prefix"  # every replica standard, prefix-aware and load-a
 DYNAMIC_PREFIX = "dynamic-prefix"  # every replica speculative with dynamic k, the same replica choice
 PLAIN_STICKY = "plain-sticky"  # every replica standard, a session always back on its first turn's replica
 PLAIN_BLIND = "plain-blind"  # every replica standard, the fewest in flight (cache-blind)
-ADAPTIVE_PREFIX = "adaptive-prefix"  # specgate's two pools, the prefix-aware replica choice within the pool
-SESSION_POLICIES = (ADAPTIVE, ADAPTIVE_PREFIX, PLAIN_PREFIX, DYNAMIC_PREFIX, PLAIN_STICKY, PLAIN_BLIND)
-Picker = Literal["fewest", "prefix", "sticky"]  # how a replica is picked within the chosen pool
+ADAPTIVE_PREFIX = "adaptive-prefix"  # specgate's two pools, the gateway's prefix index choosing the replica
+ADAPTIVE_CACHE = "adaptive-cache"  # the same, and the pool choice reads what each pool is expected to hold
+SESSION_POLICIES = (ADAPTIVE, ADAPTIVE_PREFIX, ADAPTIVE_CACHE, PLAIN_PREFIX, DYNAMIC_PREFIX, PLAIN_STICKY, PLAIN_BLIND)
+Picker = Literal["fewest", "prefix", "sticky", "index"]  # how a replica is picked within the chosen pool
 FEWEST: Picker = "fewest"
 PREFIX: Picker = "prefix"
 STICKY: Picker = "sticky"
+INDEX: Picker = "index"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +141,12 @@ class _Replica:
     step_end_s: float = math.inf
     outcome: StepOutcome | None = None
     inflight: int = 0
+    booked_tokens: int = 0  # as the gateway books them: prompt + max_tokens x sequences, per request in flight
+
+    @property
+    def url(self) -> str:
+        """Its name in the gateway's prefix index."""
+        return f"{self.pool}/{self.index}"
 
     def start_step(self, now: float, slowdown: float = 1.0) -> None:
         self.outcome = self.engine.step()
@@ -150,6 +164,8 @@ class _Progress:
     other_load: float | None  # the other pool's load as the decision saw it (None: not read)
     other_mark: tuple[float, float]  # the other pool's load clock as the request began (LoadClock.mark)
     span: LoadSpan  # its time on the pool's load clock, as a gateway booking keeps it
+    features: RequestFeatures  # as the decision read them
+    booked: int = 0  # tokens booked on its replica
     gateway: int = 0  # the gateway replica that routed it
     first_token_s: float | None = None
     steps: int = 0  # engine steps that gave it tokens: a stream's events after the role event
@@ -185,6 +201,9 @@ class Simulation:
     prefix_caching: bool = False  # requests carry their block hashes (sessions); off: nothing is cached
     layout: Mapping[str, int] | None = None  # engines per pool; None: ``replicas`` each
     picker: Picker = FEWEST
+    see_cache: bool = False  # the decision reads each pool's expected cached tokens (picker ``index`` only)
+    _index: PrefixIndex | None = field(init=False, default=None)  # the gateway's (picker ``index``)
+    _pick_rng: random.Random = field(init=False)  # its power of two choices' draws
     _homes: dict[str, _Replica] = field(init=False, default_factory=dict)  # sticky: a session's replica
     _followers: dict[int, Arrival] = field(init=False, default_factory=dict)  # next turns by previous index
     _due: list[tuple[float, int, Arrival]] = field(init=False, default_factory=list)  # next turns, scheduled
@@ -209,6 +228,9 @@ class Simulation:
         self._scrapes = [None] * self.gateways
         self._own = [dict.fromkeys(POOL_NAMES, 0) for _ in range(self.gateways)]
         self._clocks = [{name: LoadClock(at=0.0) for name in POOL_NAMES} for _ in range(self.gateways)]
+        self._pick_rng = random.Random(f"{self.seed}:replica")
+        if self.picker == INDEX:
+            self._index = PrefixIndex()
 
     def run(self, arrivals: Sequence[Arrival]) -> list[RequestResult]:
         """Serve the arrivals; one that waits for an earlier one (``after``) comes when that one finishes."""
@@ -279,12 +301,14 @@ class Simulation:
         gateway = arrival.index % self.gateways
         item = arrival.item
         output_tokens = min(item.output_tokens, item.max_tokens)
+        features = arrival.features
         if self.myopic:
             replica = self._myopic(item.prompt_tokens, float(output_tokens), arrival.acceptance)
             reason, load, explored, other_load = MYOPIC, 0.0, False, None
         else:
-            decision = decide(self._features(arrival, output_tokens), self._snapshot(now, gateway), self.rules)
-            replica = self._pick(self._replicas[decision.pool], arrival)
+            features = self._features(arrival, output_tokens)
+            decision = decide(features, self._snapshot(now, gateway), self.rules)
+            replica = self._pick(self._replicas[decision.pool], arrival, features)
             reason, load, explored = decision.reason, decision.load, decision.explored
             other_load = decision.other_load if decision.learning else None
         request = EngineRequest(
@@ -297,17 +321,27 @@ class Simulation:
         )
         replica.engine.add(request)
         replica.inflight += 1
+        booked = features.prompt_tokens + features.max_tokens * features.sequences
+        replica.booked_tokens += booked
         self._own[gateway][replica.pool] += 1
         clocks = self._clocks[gateway]
         span = clocks[replica.pool].begin(now)
         mark = clocks[other_pool(replica.pool)].mark(now)
-        live[request] = _Progress(arrival, replica, reason, load, explored, request, other_load, mark, span, gateway)
+        live[request] = _Progress(
+            arrival, replica, reason, load, explored, request, other_load, mark, span, features, booked, gateway
+        )  # fmt: skip
         if replica.outcome is None:
             self._start_step(replica, now)
 
-    def _pick(self, replicas: Sequence[_Replica], arrival: Arrival) -> _Replica:
+    def _pick(self, replicas: Sequence[_Replica], arrival: Arrival, features: RequestFeatures) -> _Replica:
         """The replica of the chosen pool: the fewest in flight, the longest cached prefix (``prefix``, within
-        a load slack) or the session's first replica (``sticky``)."""
+        a load slack), the session's first replica (``sticky``) or the gateway's choice (``index``)."""
+        if self._index is not None:
+            chosen = choose_replica(replicas, features.blocks, self._index, self._pick_rng)
+            assert chosen is not None
+            if features.blocks:
+                self._index.record(chosen.url, features.blocks)
+            return chosen
         if self.picker == PREFIX and arrival.block_hashes is not None:
             limit = (arrival.item.prompt_tokens - 1) // BLOCK_SIZE  # what the engine could hit (timing.py)
             candidates = [Candidate(r.engine.cache.lookup(arrival.block_hashes, limit), r.inflight) for r in replicas]
@@ -322,13 +356,18 @@ class Simulation:
 
     def _features(self, arrival: Arrival, output_tokens: int) -> RequestFeatures:
         """The request's features as ``decide()`` reads them: with its truth for ``perfect-predictor`` (the
-        acceptance the speculative engine draws from, and its output length), as extracted for the others."""
+        acceptance the speculative engine draws from, and its output length), as extracted for the others; with
+        ``see_cache``, what each pool is expected to hold of its prompt (as the gateway reads it)."""
+        features = arrival.features
+        if self._index is not None and self.see_cache and features.blocks:
+            cached = expected_cached(
+                self._replicas, features.blocks, features.prefix_bytes, features.prompt_tokens, self._index
+            )  # fmt: skip
+            features = dataclasses.replace(features, cached_tokens=cached)
         if not self.perfect:
-            return arrival.features
+            return features
         model = self._replicas[SPECULATIVE][0].engine.model
-        return dataclasses.replace(
-            arrival.features, known=(model.effective_acceptance(arrival.acceptance), output_tokens)
-        )
+        return dataclasses.replace(features, known=(model.effective_acceptance(arrival.acceptance), output_tokens))
 
     def _myopic(self, prompt_tokens: int, output_tokens: float, acceptance: float) -> _Replica:
         """The replica whose estimated completion for this request is earliest, from the exact engine state;
@@ -365,6 +404,7 @@ class Simulation:
             if emission.finished:
                 live.pop(emission.request)
                 replica.inflight -= 1
+                replica.booked_tokens -= progress.booked
                 self._own[progress.gateway][replica.pool] -= 1
                 results.append(self._result(progress, now, progress.span.end(now)))
                 self._schedule_next(progress.arrival, now)
@@ -420,7 +460,7 @@ class Simulation:
         self, progress: _Progress, result: RequestResult, finished_s: float, run_shift: float | None
     ) -> Observation:
         """What the gateway learns from the finished request, as the telemetry reports it."""
-        features = progress.arrival.features
+        features = progress.features
         segment = segment_of(features.task, features.copy)
         usage = has_usage(self.telemetry, features.stream, usage_draw(self.seed, progress.arrival.index))
         acceptance = None
@@ -436,8 +476,8 @@ class Simulation:
         load, gateways = progress.load, self._gateways_seen
         run_load = load if run_shift is None else max(load + gateways * run_shift, 0.0)
         return Observation(
-            result.pool, segment, features.prompt_tokens, load, seen_ttft, result.latency_s, tokens, acceptance,
-            finished_s, run_load, features.template, features.content,
+            result.pool, segment, features.uncached_tokens(result.pool), load, seen_ttft, result.latency_s, tokens,
+            acceptance, finished_s, run_load, features.template, features.content,
             other_busy_share(
                 self._clocks[progress.gateway][other_pool(result.pool)].busy_since(progress.other_mark, finished_s),
                 progress.other_load, gateways,

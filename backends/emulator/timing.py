@@ -20,6 +20,8 @@ and then delivers the tokens.
 - Prefix caching (``prefix_cache.py``): a request that carries its prompt's block hashes prefills only the
   part not already cached; its blocks are shared with the other running requests and kept, once free, in LRU
   order in the KV space the running requests leave. A request without block hashes (``None``) caches nothing.
+  Hashes past the prompt's (a caller that knows the answer's text: the simulator's sessions) are the blocks
+  the answer fills; they are cached, free, when the request finishes, as vLLM caches generated blocks.
 
 "Acceptance" here is the per-token acceptance probability of Leviathan et al. (the ``a`` above). vLLM's
 ``accepted / drafted`` counters, which the emulator's /metrics reports, come out lower: ``(E(a) - 1) / k``.
@@ -294,6 +296,20 @@ class Engine:
             self.cache.release(_blocks_of(request)[: request.held_blocks])
             request.held_blocks = 0
 
+    def _hand_back(self, request: EngineRequest) -> None:
+        """A finished request's blocks stay cached, free: its prompt's, and those its answer filled where the
+        caller sent their hashes (block hashes past the prompt's: vLLM caches a sequence's full generated blocks
+        too, so a conversation's next turn, which resends the answer, hits them). The answer's are freed first
+        (the tail first, as vLLM frees), so they are evicted before the prompt's."""
+        hashes = request.block_hashes or ()
+        answer = hashes[request.prompt_tokens // BLOCK_SIZE : request.kv_tokens // BLOCK_SIZE]
+        if not answer:
+            self._stop_using(request)
+            return
+        self.cache.acquire(answer)
+        self.cache.release((*_blocks_of(request)[: request.held_blocks], *answer))
+        request.held_blocks = 0
+
     def _evict_to_fit(self, used: int) -> None:
         """Evict free cached blocks (LRU) until they fit beside ``used`` running tokens."""
         excess = used + BLOCK_SIZE * self.cache.free_blocks - self.model.profile.kv_capacity_tokens
@@ -305,8 +321,8 @@ class Engine:
         for request in self._running:
             if not request.finished:
                 running.append(request)
-            elif request.held_blocks:
-                self._stop_using(request)
+            elif request.block_hashes is not None:
+                self._hand_back(request)
         self._running = running
 
     def _prefill(self, request: EngineRequest) -> Emission:

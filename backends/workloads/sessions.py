@@ -72,6 +72,7 @@ class SessionFile(_Strict):
 class SessionTurn:
     item: WorkloadItem  # the whole request: history plus the turn's message, its truth
     block_hashes: tuple[int, ...]  # its prompt's KV blocks (prompt_blocks.chat_blocks)
+    answer: str = ""  # the assistant's reply (what the engine generates; the next turn resends it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,6 @@ def _session(spec: SessionFile, session: SessionSpec, model: AcceptanceModel) ->
             output_tokens=max(1, count_tokens(turn.answer)),
             hard_case=None,
         )
-        turns.append(SessionTurn(item, chat_blocks(messages)))
+        turns.append(SessionTurn(item, chat_blocks(messages), turn.answer))
         history.append({"role": "assistant", "content": turn.answer})
     return Session(session.id, spec.category, tuple(turns))

@@ -3,7 +3,9 @@
 For each pool the model predicts a request's latency from its features and the pool's load:
 
     e2e  = ttft + (expected output tokens - 1) x tpot
-    ttft = exp(ttft_curve(load) + ttft_offset[prompt size])          queue wait and prefill included
+    ttft = exp(ttft_curve(load) + ttft_offset[prompt size])          queue wait and prefill included;
+                                                                     the prompt the pool is expected to
+                                                                     prefill (its cached part left out)
     tpot = exp(tpot_curve(load) + tpot_offset[segment]               segment = task (+ "/copy" cue)
                + slope x content + template_offset)                  content: the request's own deviation
 

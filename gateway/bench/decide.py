@@ -5,8 +5,10 @@ snapshot refresh) over a fixed set of requests from the shipped workload: the re
 rules while the model warms up (they fall through to the reference rules), and the shipped rules with a
 warm model (``fastest``: the per-request predictor's estimate, both pools' predictions and the choice).
 The whole-decision row is what a request costs: its features read from the body (the content features
-included), the snapshot with fresh in-flight counts, and ``decide``; the last row the same with the prefix index
-on (each prompt's blocks and session key read with its features). Median and p99 in microseconds.
+included), the snapshot with fresh in-flight counts, and ``decide``; the last rows the same with the prefix index
+on (each prompt's blocks and session key read with its features), then also with what each pool's chosen
+replica is expected to hold read for the pool choice (``PoolSet.expected_cached``, two replicas a pool). Median
+and p99 in microseconds.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
@@ -25,7 +28,9 @@ from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import segment_of
 from gateway.decide import decide
 from gateway.features import Classifier, RequestFeatures, extract_features
-from gateway.prefix_index import PrefixReader
+from gateway.metrics import GatewayMetrics
+from gateway.pools import PoolSet
+from gateway.prefix_index import PrefixIndex, PrefixReader
 from gateway.rules import RoutingRules, default_rules, reference_rules
 from gateway.snapshot import POOL_NAMES, PoolSnapshot, Snapshot
 
@@ -120,6 +125,22 @@ def measure(rounds: int = 20_000) -> dict[str, list[float]]:
             reader.read(*texts[index], f.task, f.copy, f.prompt_tokens, f.max_tokens, f.n, f.temperature)
         return decide(f, warm.with_inflight({"standard": 3}), shipped)
 
+    # the gateway's request path with the index on: what each pool's chosen replica is expected to hold is read
+    # before the decision (GatewayState.see_cache), two replicas a pool, half the prompts held on one of them
+    pool_set = PoolSet(GatewayMetrics(CollectorRegistry()), random.Random(0), index=PrefixIndex())
+    pool_set.configure({name: [f"http://{name}-{i}:8000" for i in range(2)] for name in POOL_NAMES})
+    assert pool_set.index is not None
+    for index, body in enumerate(bodies[::2]):
+        pool_set.index.record(f"http://{POOL_NAMES[index % 2]}-0:8000", prefixes.chat(body["messages"], None, {})[0])
+
+    def whole_cached() -> object:
+        index = next(it) % len(items)
+        f = extract_features(bodies[index], "chat", {}, shipped, indexed)
+        if content_of(f) is None:
+            reader.read(*texts[index], f.task, f.copy, f.prompt_tokens, f.max_tokens, f.n, f.temperature)
+        f.cached_tokens = pool_set.expected_cached(f.blocks, f.prefix_bytes, f.prompt_tokens)
+        return decide(f, warm.with_inflight({"standard": 3}), shipped)
+
     return {
         "decide: reference rules": _time(lambda: decide(pick(), cold, reference), rounds),
         "decide: shipped rules, warming up": _time(lambda: decide(pick(), cold, shipped), rounds),
@@ -140,6 +161,7 @@ def measure(rounds: int = 20_000) -> dict[str, list[float]]:
             lambda: prefixes.chat(bodies[next(it) % len(bodies)]["messages"], None, {}), rounds
         ),
         "whole decision, prefix index on (blocks read with the features)": _time(whole_indexed, rounds),
+        "whole decision, index on, each pool's expected cached tokens read": _time(whole_cached, rounds),
     }
 
 

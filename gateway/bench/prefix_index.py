@@ -72,7 +72,7 @@ def measure_memory(
         for session in range(sessions):
             replica = f"http://replica-{session % replicas}:8000"
             for turn, messages in enumerate(session_messages(session, turns)):
-                blocks, _ = reader.chat(messages, None, {})
+                blocks = reader.chat(messages, None, {})[0]
                 hit = index.record(replica, blocks)
                 if turn:
                     hits, queried = hits + hit, queried + len(blocks)
@@ -99,7 +99,7 @@ def measure_time(rounds: int = 20_000) -> dict[str, float]:
     size = sum(len(m["content"]) for m in typical)
     short = [{"role": "user", "content": "What is the capital of France?"}]
     long = [{"role": "user", "content": "x" * (4 * READ_BYTES)}]
-    blocks, _ = reader.chat(typical, None, {})
+    blocks = reader.chat(typical, None, {})[0]
     index.record("a", blocks)
     return {
         f"read a typical chat ({size:,} characters, {len(blocks)} values)": _median_us(

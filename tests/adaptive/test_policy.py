@@ -327,3 +327,62 @@ def test_on_one_device_a_split_gives_way_to_the_pool_best_alone() -> None:
     assert all(d.reason != "fastest: one device" for d in split)
     together = [decide(feats("chat", draw=d), shared, RULES) for d in draws]
     assert {(d.pool, d.reason) for d in together if not d.explored} == {(STANDARD, "fastest: one device")}
+
+
+# -- the prompt each pool is expected to prefill (features.cached_tokens, from the prefix index) ----------------
+
+
+def trained_by_prompt(spec_tpot: float, std_tpot: float, samples: int = 200) -> LatencyModel:
+    """Both pools: a 100-token prompt's first token after 20 ms, a 3,000-token prompt's after 300 ms (prefill)."""
+    learner = Learner()
+    rng = random.Random(0)
+    for _ in range(samples):
+        for pool, tpot in (("speculative", spec_tpot), ("standard", std_tpot)):
+            for prompt, ttft in ((100, 0.02), (3000, 0.3)):
+                load = rng.randint(0, 4)
+                learner.observe(Observation(pool, "chat", prompt, load, ttft, ttft + 199 * tpot, 200, at_s=1.0))
+    return learner.model(1.0)
+
+
+def long_prompt(draw: float = 0.5, **extra: object) -> RequestFeatures:
+    return dataclasses.replace(feats(draw=draw, **extra), prompt_tokens=3000)
+
+
+def test_the_pool_holding_the_history_wins_unless_the_other_gains_more_than_the_re_prefill() -> None:
+    """3,000 prompt tokens, 2,900 expected held on the standard pool: leaving it costs ~0.28 s of prefill."""
+    held = {STANDARD: 2900, SPECULATIVE: 0}
+    close = snap(trained_by_prompt(spec_tpot=0.020, std_tpot=0.021))  # speculation saves ~0.2 s over 200 tokens
+    assert decide(long_prompt(), close, RULES).pool == SPECULATIVE  # cache-blind: the faster decode
+    stay = decide(long_prompt(cached_tokens=held), close, RULES)
+    assert stay.pool == STANDARD and stay.reason == "fastest"
+    by_pool = {p.pool: p for p in stay.predictions}
+    assert by_pool[STANDARD].ttft_s < by_pool[SPECULATIVE].ttft_s / 5  # the standard pool prefills 100 tokens
+    far = snap(trained_by_prompt(spec_tpot=0.010, std_tpot=0.021))  # speculation saves ~2.2 s: worth the move
+    assert decide(long_prompt(cached_tokens=held), far, RULES).pool == SPECULATIVE
+
+
+def test_without_cached_tokens_or_with_none_cached_every_decision_is_as_before() -> None:
+    """A request without blocks has no cached tokens (None); one whose blocks no replica holds reads 0 on each
+    pool: the same predictions and the same decision for every draw, load, task and prompt size."""
+    models = (trained_by_prompt(0.020, 0.021), trained(0.01, 0.03), trained(0.03, 0.02))
+    for model in models:
+        for spec_running, std_running in ((0, 0), (3, 0), (8, 12), (40, 40)):
+            snapshot = snap(model, spec_running=spec_running, std_running=std_running)
+            for task in ("chat", "code"):
+                for prompt in (10, 300, 1000, 5000):
+                    for draw in (0.0, 0.03, 0.4, 0.77, 0.99):
+                        plain = dataclasses.replace(feats(task, draw=draw), prompt_tokens=prompt)
+                        zero = dataclasses.replace(plain, cached_tokens={STANDARD: 0, SPECULATIVE: 0})
+                        model.memo.clear()
+                        before = decide(plain, snapshot, RULES)
+                        model.memo.clear()
+                        assert decide(zero, snapshot, RULES) == before
+                        assert predictions(zero, snapshot, RULES) == predictions(plain, snapshot, RULES)
+
+
+def test_remembered_predictions_are_told_apart_by_each_pools_uncached_prompt() -> None:
+    model = trained_by_prompt(0.020, 0.021)
+    snapshot = snap(model)
+    blind = predictions(long_prompt(), snapshot, RULES)
+    held = predictions(long_prompt(cached_tokens={STANDARD: 2900, SPECULATIVE: 0}), snapshot, RULES)
+    assert blind != held and predictions(long_prompt(), snapshot, RULES) is blind  # each its own memo entry

@@ -156,3 +156,34 @@ def test_the_rules_declaration_of_one_device_reaches_the_learner_and_a_reload_ta
     assert state.learner.shared_device is True
     state.apply_rules(rules)
     assert state.learner.shared_device is False
+
+
+def test_a_prompt_the_decision_read_as_cached_is_learned_as_the_part_left_to_prefill() -> None:
+    """The time to first token's prompt-size offset is learned against what the decision expected the pool to
+    prefill (the prompt less its cached tokens there): what the prediction reads. Without cached tokens: all."""
+    state = _state()
+    features = RequestFeatures("m", 256, 3000, "chat", True, 1, None, {}, cached_tokens={"standard": 2900,
+                                                                                        "speculative": 0})
+    for pool, expected in (("standard", 100), ("speculative", 3000)):
+        state.learn(features, Decision(pool, "fastest", "learned", learning=True), 0.05, 1.0, 100, "e2e")
+        assert state._pending[-1].prompt_tokens == expected
+    state.learn(dataclasses.replace(features, cached_tokens=None), Decision("standard", "fastest", "learned",
+                learning=True), 0.05, 1.0, 100, "e2e")  # fmt: skip
+    assert state._pending[-1].prompt_tokens == 3000
+
+
+def test_the_cache_is_read_for_the_decision_only_for_a_request_with_blocks() -> None:
+    settings = Settings(
+        _env_file=None, standard_urls=["http://127.0.0.1:9", "http://127.0.0.2:9"],
+        speculative_urls=["http://127.0.0.1:8"], prefix_index="on",
+    )  # fmt: skip
+    state = GatewayState(settings, CollectorRegistry())
+    plain = RequestFeatures("m", 256, 400, "chat", True, 1, None, {})
+    state.see_cache(plain)
+    assert plain.cached_tokens is None
+    assert state.pools.index is not None
+    values = (1 << 41 | 7, 2 << 41 | 8)  # two 512-byte blocks' values (their end offsets above bit 32)
+    state.pools.index.record("http://127.0.0.2:9", values)
+    held = RequestFeatures("m", 256, 400, "chat", True, 1, None, {}, blocks=values, prefix_bytes=1024)
+    state.see_cache(held)
+    assert held.cached_tokens == {"standard": 400, "speculative": 0}

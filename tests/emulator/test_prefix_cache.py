@@ -215,3 +215,25 @@ def test_a_preempted_request_is_queried_once_and_recomputes_from_its_cached_pref
     assert engine.counters.preemptions > 0
     assert engine.counters.prefix_cache_queries == 2 * 160
     assert engine.counters.generation_tokens == 500
+
+
+@pytest.mark.parametrize("answer_hashes", [True, False], ids=["answer-sent", "prompt-only"])
+def test_a_finished_answer_stays_cached_where_its_hashes_were_sent(answer_hashes: bool) -> None:
+    """A next turn resends the answer: with the answer's block hashes sent (past the prompt's) it hits them, as
+    on vLLM; with the prompt's only, it hits up to the end of the previous prompt, as before."""
+    engine = Engine(TimingModel(_profile(), False), random.Random(0))
+    prompt, answer = _tokens(200, "q"), _tokens(100, "a")
+    sent = chain_hashes(prompt + answer) if answer_hashes else chain_hashes(prompt)
+    first = EngineRequest("1", prompt_tokens=200, output_tokens=100, acceptance=0.5, block_hashes=sent)
+    _first_step_s(engine, first)
+    assert engine.cache.pinned_blocks == 0  # everything handed back, free
+    assert engine.cache.free_blocks == (300 // BLOCK_SIZE if answer_hashes else 200 // BLOCK_SIZE)
+    _first_step_s(engine, _request("2", prompt + answer + _tokens(30, "n")))
+    assert engine.counters.prefix_cache_hits - 192 == (288 - 192 if answer_hashes else 0)  # 18 blocks or 12
+    # the answer's blocks were freed before the prompt's: the first evicted
+    if answer_hashes:
+        fresh = Engine(TimingModel(_profile(), False), random.Random(0))
+        _first_step_s(fresh, EngineRequest("1", prompt_tokens=200, output_tokens=100, acceptance=0.5,
+                                           block_hashes=sent))  # fmt: skip
+        fresh.cache.evict(6)
+        assert fresh.cache.lookup(sent, 100) == 12  # the prompt's twelve full blocks are left

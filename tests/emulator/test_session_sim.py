@@ -21,12 +21,16 @@ from backends.emulator.session_sim import (
     dynamic_table,
     evaluate_sessions,
     make_session_arrivals,
+    salted,
     session_simulations,
 )
 from backends.emulator.simulate import (
     ADAPTIVE,
+    ADAPTIVE_CACHE,
+    ADAPTIVE_PREFIX,
     DYNAMIC_PREFIX,
     FEWEST,
+    INDEX,
     PLAIN_BLIND,
     PLAIN_PREFIX,
     PLAIN_STICKY,
@@ -44,7 +48,8 @@ from backends.emulator.timing import TimingModel
 from backends.workloads.loader import count_prompt_tokens, load_workload
 from backends.workloads.sessions import SessionSet, load_sessions
 from gateway.cli import main
-from gateway.features import Classifier
+from gateway.features import Classifier, RequestFeatures
+from gateway.prefix_index import PrefixReader
 from gateway.rules import default_rules, reference_rules
 from gateway.snapshot import SPECULATIVE, STANDARD
 
@@ -96,12 +101,32 @@ def test_session_arrivals_start_at_the_request_rate_over_turns_and_repeat_as_oth
     assert shared * BLOCK_SIZE >= 800  # the shared tool definitions hit; the user's own part does not
 
 
+def test_a_turn_carries_its_answers_blocks_and_the_next_turn_starts_with_them() -> None:
+    """The engine caches a finished answer's full blocks (as vLLM does): a turn's hashes run on past its prompt
+    through what its answer fills, and the next turn, which resends the answer, starts with all of them."""
+    arrivals = make_session_arrivals(SESSIONS, 6.0, 60.0, seed=2, rules=POLICIES.reference)
+    by_index = {a.index: a for a in arrivals}
+    followers = [a for a in arrivals if a.after is not None]
+    assert followers
+    for arrival in followers:
+        previous = by_index[arrival.after]  # type: ignore[index]
+        assert previous.block_hashes is not None and arrival.block_hashes is not None
+        item = previous.item
+        assert len(previous.block_hashes) == (item.prompt_tokens + min(item.output_tokens, item.max_tokens)) // 16
+        assert arrival.block_hashes[: len(previous.block_hashes)] == previous.block_hashes
+        prompt = chat_blocks(item.messages, salt=previous.session)
+        assert previous.block_hashes[: len(prompt)] == prompt
+        # the gateway's reading too: the next turn holds every value of the previous turn (its first turn's mark
+        # included, however short), so the gateway's index expects the whole previous prompt there
+        assert set(previous.features.blocks) <= set(arrival.features.blocks)
+
+
 def _one_agent_and_a_long_request() -> list[Arrival]:
     """A two-turn agent session (turn 2 ten seconds after turn 1 ends) and, between its turns, a long request
     that lands on turn 1's replica when the replica is picked by the fewest in flight."""
     agent = next(s for s in SESSIONS.sessions if s.category == "agent-tools")
     long = dataclasses.replace(SESSIONS.sessions[0].turns[0].item, output_tokens=3000, max_tokens=4000)
-    rng, classifier = random.Random(0), Classifier(POLICIES.reference, read_content=True)
+    rng, classifier = random.Random(0), Classifier(POLICIES.reference, read_content=True, prefixes=PrefixReader())
     one, two = agent.turns[0], agent.turns[1]
     return [
         Arrival(0, 0.0, one.item, request_features(one.item, rng, POLICIES.reference, classifier),
@@ -113,7 +138,7 @@ def _one_agent_and_a_long_request() -> list[Arrival]:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("picker", [PREFIX, STICKY])
+@pytest.mark.parametrize("picker", [PREFIX, STICKY, INDEX])
 def test_a_second_turn_hits_the_cache_of_the_replica_that_served_the_first(picker: Picker) -> None:
     arrivals = _one_agent_and_a_long_request()
 
@@ -159,6 +184,56 @@ def test_the_baselines_use_every_replica_and_only_one_kind() -> None:
         assert [r.engine.model.speculative for r in sim._all] == [pool == SPECULATIVE] * 4
     adaptive = sims[ADAPTIVE]()
     assert [r.pool for r in adaptive._all] == [STANDARD, STANDARD, SPECULATIVE, SPECULATIVE]  # specgate: 2 + 2
+
+
+def test_specgates_replica_choice_is_the_gateways_own_over_its_prefix_index() -> None:
+    """adaptive-prefix and adaptive-cache choose replicas by gateway.pools.choose_replica over the gateway's index
+    of the text it sent: every later turn that was sent where its previous turn went finds it there (the
+    engine's cache agrees: salted alike); cache-blind adaptive finds less."""
+    qps = capacity_qps(PROFILE, SESSIONS.workload) * 0.5
+    arrivals = make_session_arrivals(SESSIONS, qps, 30.0, seed=5, rules=POLICIES.reference)
+    reader = PrefixReader()
+    for arrival in arrivals[:40]:
+        read = reader.chat(salted(arrival.item.messages, arrival.session or ""), None, {})
+        assert (arrival.features.blocks, arrival.features.session, arrival.features.prefix_bytes) == read
+    sims = session_simulations(PROFILE, POLICIES, 5, Options(replicas=2))
+    runs = {name: _by_index(sims[name]().run(arrivals)) for name in (ADAPTIVE, ADAPTIVE_PREFIX, ADAPTIVE_CACHE)}
+    for name in (ADAPTIVE_PREFIX, ADAPTIVE_CACHE):
+        results = runs[name]
+        back = [a for a in arrivals if a.after is not None and (results[a.index].pool, results[a.index].replica)
+                == (results[a.after].pool, results[a.after].replica)]  # fmt: skip
+        assert len(back) > len(arrivals) // 3
+        # (a previous prompt shorter than an engine block of 16 tokens leaves nothing for the engine to hold)
+        assert all(results[a.index].cached_tokens > 0 for a in back if results[a.after].prompt_tokens > BLOCK_SIZE)
+    cached = {name: sum(r.cached_tokens for r in runs[name].values()) for name in runs}
+    assert cached[ADAPTIVE_PREFIX] > cached[ADAPTIVE] and cached[ADAPTIVE_CACHE] > cached[ADAPTIVE]
+
+
+def _without_gateway_blocks(arrival: Arrival) -> Arrival:
+    features = dataclasses.replace(arrival.features, blocks=(), session=None, prefix_bytes=0)
+    return dataclasses.replace(arrival, features=features)
+
+
+def test_the_cache_blind_policies_ignore_the_gateways_blocks_and_see_cache_needs_them() -> None:
+    """Session turns carry the gateway's blocks; the cache-blind adaptive policy routes exactly as without them,
+    and adaptive-cache without them is adaptive-prefix (nothing to read as cached: the decisions of today)."""
+    qps = capacity_qps(PROFILE, SESSIONS.workload) * 1.0
+    arrivals = make_session_arrivals(SESSIONS, qps, 25.0, seed=6, rules=POLICIES.reference)
+    bare = [_without_gateway_blocks(a) for a in arrivals]
+    sims = session_simulations(PROFILE, POLICIES, 6, Options(replicas=2))
+
+    def fingerprint(results: list[RequestResult]) -> list[tuple[object, ...]]:
+        return [(r.index, r.pool, r.replica, r.reason, r.ttft_s, r.latency_s, r.cached_tokens) for r in results]
+
+    assert fingerprint(sims[ADAPTIVE]().run(arrivals)) == fingerprint(sims[ADAPTIVE]().run(bare))
+    assert fingerprint(sims[ADAPTIVE_CACHE]().run(bare)) == fingerprint(sims[ADAPTIVE_PREFIX]().run(bare))
+    seen: list[RequestFeatures] = []
+    sim = sims[ADAPTIVE_CACHE]()
+    original = sim._features
+    sim._features = lambda arrival, tokens: seen.append(original(arrival, tokens)) or seen[-1]  # type: ignore[method-assign]
+    sim.run(arrivals)
+    assert len(seen) == len(arrivals) and all(f.cached_tokens is not None for f in seen)
+    assert sum(1 for f in seen if f.cached_tokens and max(f.cached_tokens.values()) > 0) > len(arrivals) // 3
 
 
 def test_the_dynamic_baseline_drafts_by_batch_size() -> None:
@@ -221,7 +296,7 @@ def test_simulate_cli_runs_sessions(capsys: pytest.CaptureFixture[str], tmp_path
     assert main(argv) == 0
     shown = capsys.readouterr().out
     assert "EMULATED h100-8b sessions, think 2 s; 1 seed; pool ~" in shown and "TTFT t>=2" in shown
-    for policy in (ADAPTIVE, PLAIN_PREFIX, DYNAMIC_PREFIX, PLAIN_STICKY, PLAIN_BLIND):
+    for policy in (ADAPTIVE, ADAPTIVE_PREFIX, ADAPTIVE_CACHE, PLAIN_PREFIX, DYNAMIC_PREFIX, PLAIN_STICKY, PLAIN_BLIND):
         assert policy in shown
     assert "sessions" in out.read_text(encoding="utf-8")
 

@@ -21,8 +21,9 @@ first token is the client's, through the gateway, to the first content (or, for 
   and the replica (and, where the policy reads the index, the pool) is chosen by where the prefix is likely
   cached. With one replica per pool, as the CPU pair has, only a pool choice that reads the index can differ.
 
-With ``repeat`` > 1 the order reverses every other pass (``route.phase_orders``), so that a machine that slows
-down or speeds up weighs on every phase alike; each phase's figures pool its passes.
+Before the first phase, one short unmeasured request goes straight to each pool (:func:`warm_up`). With
+``repeat`` > 1 the order reverses every other pass (``route.phase_orders``), so that a machine that slows down
+or speeds up weighs on every phase alike; each phase's figures pool its passes.
 
 **Cold caches: a salt per phase.** Every phase must start from a prefix cache that holds none of its prompts,
 or a later phase finds an earlier one's conversations cached and looks faster. Each phase run (each pass too)
@@ -33,9 +34,10 @@ matches another's. Not taken: vLLM's ``POST /reset_prefix_cache`` (only with ``V
 not for pools the benchmark did not launch); the per-request ``cache_salt`` field (vLLM's alone, the emulator
 ignores it, and the gateway's prefix index does not read it: the cache-aware gateway, which also carries half
 the pinned traffic, would believe a pinned run's prefixes were still cached where they are not); restarting
-the engines (a minute each here). The price: a dozen more prompt tokens per request, the same in every phase,
-and earlier runs' blocks left in the engines' caches until evicted (46,592 tokens of KV per CPU engine, far
-more than a run at the default size sends).
+the engines (~30 s for the CPU pair here, and not possible for pools the benchmark did not launch). The
+price: a dozen more prompt tokens per request, the same in every phase, and earlier runs' blocks left in the
+engines' caches until evicted, oldest first (46,592 tokens of KV per CPU engine; a phase of 9 conversations of up
+to 4 turns queried ~17,000 tokens of one engine).
 
 **The engines' own hit rate.** Each pool's ``/metrics`` is read before and after each phase run:
 ``vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`` over the run (tokens, vLLM's own counters;
@@ -154,6 +156,7 @@ def load_conversations(
 ) -> list[Conversation]:  # fmt: skip
     """The first ``per_file`` sessions of each session file (the shipped ones without ``paths``), at most
     ``turns`` turns each, the system prompt and each message cut to their byte budgets."""
+    paths = None if paths is None else list(paths)
     conversations: list[Conversation] = []
     for path in session_files(paths):
         spec = load_session_file(path)
@@ -301,6 +304,7 @@ async def drive(
     async with httpx.AsyncClient(timeout=config.timeout_s) as client:
         model = config.model or (await client.get(f"{config.standard_url}/v1/models")).json()["data"][0]["id"]
         result.model = model
+        await warm_up(client, pools.values(), model, nonce())
         for round_, order in enumerate(phase_orders(config.repeat, PHASES)):
             for phase in order:
                 salt = nonce()
@@ -311,6 +315,16 @@ async def drive(
                 after = {name: await read_cache(client, url) for name, url in pools.items()}
                 cache = {name: _rise(before[name], after[name]) for name in pools}
                 result.runs.append(PhaseRun(phase, round_, salt, seconds, outcomes, cache))
+
+
+async def warm_up(client: httpx.AsyncClient, urls: Iterable[str], model: str, salt: str) -> None:
+    """One short unmeasured request straight to each pool (no gateway learns from it), under a salt of its own:
+    an engine's first request pays one-off costs (measured: 1.4 s against 0.4 s time to first token on the CPU
+    engine), which would otherwise land on whichever phase uses the pool first."""
+    for url in urls:
+        body = {"model": model, "messages": [{"role": "system", "content": salted(salt, None)},
+                                             {"role": "user", "content": "Say hello."}], "max_tokens": 4}  # fmt: skip
+        await client.post(f"{url}/v1/chat/completions", json=body)
 
 
 def _rise(before: CacheCounters | None, after: CacheCounters | None) -> CacheCounters | None:

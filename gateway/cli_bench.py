@@ -89,6 +89,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "reverse order of the one before (default 2: drift in the machine's speed weighs on all alike)")
     route.add_argument("--json", type=Path, help="also write the results as JSON")
     route.set_defaults(func=run_route)
+    sessions = bench_sub.add_parser(
+        "sessions", help="multi-turn conversations through the gateway to two real pools: pinned, cache-blind, "
+        "cache-aware (TTFT of later turns, the engines' prefix-cache hit rate)",
+    )  # fmt: skip
+    sessions.add_argument("--standard", required=True, help="standard pool URL (e.g. `specgate backends launch --cpu`)")
+    sessions.add_argument("--speculative", required=True, help="speculative pool URL")
+    sessions.add_argument("--sessions", type=Path, action="append", help="session file or directory (repeatable; "
+                          "default: the shipped backends/workloads/sessions)")  # fmt: skip
+    sessions.add_argument("--sessions-per-file", type=int, default=3, help="the first N sessions of each file")
+    sessions.add_argument("--turns", type=int, default=4, help="at most N turns per conversation (default 4)")
+    sessions.add_argument("--concurrency", type=int, default=4, help="conversations in flight at once (default 4)")
+    sessions.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every turn (default 64)")
+    sessions.add_argument("--think-time", type=float, default=0.0, help="seconds between an answer and the next turn")
+    sessions.add_argument("--system-bytes", type=int, default=2048, help="system prompt cut to N bytes (default 2048)")
+    sessions.add_argument("--message-bytes", type=int, default=768, help="each turn's message cut to N bytes "
+                          "(default 768; the CPU pair's context is 2,048 tokens)")  # fmt: skip
+    sessions.add_argument("--min-samples", type=int, default=None, help="override adaptive.min_samples (short runs)")
+    sessions.add_argument("--repeat", type=int, default=2, help="passes over the four phases, each in the reverse "
+                          "order of the one before (default 2)")  # fmt: skip
+    sessions.add_argument("--json", type=Path, help="also write the results as JSON")
+    sessions.set_defaults(func=run_sessions)
     limits = bench_sub.add_parser("limits", help="per-key limit accuracy with two gateway replicas over a real Redis")
     limits.add_argument("--seconds", type=float, default=30.0, help="seconds per scenario (default 30)")
     limits.add_argument("--clients", type=int, default=8, help="closed-loop clients per gateway (default 8)")
@@ -171,6 +192,29 @@ def run_route(args: argparse.Namespace) -> int:
     route.report(result, Console(width=160))
     if args.json:
         route.write_json(args.json, result)
+    return 1 if result.errors() else 0
+
+
+def run_sessions(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from backends.workloads.loader import WorkloadError
+    from gateway.bench import sessions, sessions_report
+
+    try:
+        conversations = sessions.load_conversations(
+            args.sessions, args.sessions_per_file, args.turns, args.system_bytes, args.message_bytes
+        )
+    except (WorkloadError, OSError) as exc:
+        raise SystemExit(f"specgate bench sessions: {exc}") from exc
+    config = sessions.SessionsConfig(
+        args.standard.rstrip("/"), args.speculative.rstrip("/"), conversations, concurrency=args.concurrency,
+        max_tokens=args.max_tokens, think_time_s=args.think_time, repeat=args.repeat, min_samples=args.min_samples,
+    )  # fmt: skip
+    result = sessions.bench_sessions(config)
+    sessions_report.report(result, Console(width=200))
+    if args.json:
+        sessions_report.write_json(args.json, result)
     return 1 if result.errors() else 0
 
 

@@ -78,7 +78,8 @@ class RouteResult:
         return sum(1 for outcomes in self.outcomes.values() for o in outcomes if o.error)
 
 
-def _adaptive_rules(directory: Path, min_samples: int | None) -> Path:
+def adaptive_rules(directory: Path, min_samples: int | None) -> Path:
+    """The shipped rules (pins, then `fastest`) with ``min_samples`` overridden, written into ``directory``."""
     data = yaml.safe_load(default_rules_path().read_text(encoding="utf-8"))
     if min_samples is not None:
         data.setdefault("adaptive", {})["min_samples"] = min_samples
@@ -136,9 +137,9 @@ async def _phase(
     return list(await asyncio.gather(*(one(item) for item in items)))
 
 
-def phase_orders(repeat: int) -> list[tuple[str, ...]]:
+def phase_orders(repeat: int, phases: tuple[str, ...] = PHASES) -> list[tuple[str, ...]]:
     """The phases of each pass: in order, then reversed, and so on (``repeat`` passes, at least one)."""
-    return [PHASES if i % 2 == 0 else PHASES[::-1] for i in range(max(repeat, 1))]
+    return [phases if i % 2 == 0 else phases[::-1] for i in range(max(repeat, 1))]
 
 
 async def _drive(config: RouteConfig, adaptive_url: str, rules_url: str, result: RouteResult) -> None:
@@ -162,8 +163,8 @@ async def _drive(config: RouteConfig, adaptive_url: str, rules_url: str, result:
 def bench_route(config: RouteConfig) -> RouteResult:
     result = RouteResult()
     with tempfile.TemporaryDirectory() as folder:
-        adaptive_rules = _adaptive_rules(Path(folder), config.min_samples)
-        with _gateway(config, adaptive_rules) as adaptive, _gateway(config, reference_rules_path()) as rules:
+        adaptive_rules_file = adaptive_rules(Path(folder), config.min_samples)
+        with _gateway(config, adaptive_rules_file) as adaptive, _gateway(config, reference_rules_path()) as rules:
             asyncio.run(_drive(config, adaptive.url, rules.url, result))
     return result
 

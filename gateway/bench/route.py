@@ -1,6 +1,7 @@
 """``specgate bench route``: the shipped workload through the gateway to two real pools, per policy.
 
-At each concurrency level (closed loop) the same requests run four times: pinned to the standard pool,
+One short unmeasured request goes straight to each pool first (:func:`warm_up`: an engine's first request pays
+one-off costs). At each concurrency level (closed loop) the same requests run four times: pinned to the standard pool,
 pinned to the speculative pool, routed by the reference rules (a gateway with ``rules-reference.yaml``) and
 routed by the adaptive policy (a gateway with the shipped rules). With ``repeat`` > 1 the four phases run
 again in the reverse order (standard, speculative, rules, adaptive, then adaptive, rules, speculative,
@@ -146,6 +147,7 @@ async def _drive(config: RouteConfig, adaptive_url: str, rules_url: str, result:
     async with httpx.AsyncClient(timeout=config.timeout_s) as client:
         model = config.model or (await client.get(f"{config.standard_url}/v1/models")).json()["data"][0]["id"]
         result.model = model
+        await warm_up(client, (config.standard_url, config.speculative_url), model)
         for concurrency in config.concurrency:
             items = [config.items[i % len(config.items)] for i in range(max(len(config.items), concurrency))]
             for order in phase_orders(config.repeat):
@@ -158,6 +160,15 @@ async def _drive(config: RouteConfig, adaptive_url: str, rules_url: str, result:
         pools = view.get("pools") or {}
         result.while_other_busy = {name: pool.get("tpot_factor_while_other_busy", 1.0) for name, pool in pools.items()}
         result.while_other_busy_fit = {name: pool.get("while_other_busy_fit") for name, pool in pools.items()}
+
+
+async def warm_up(client: httpx.AsyncClient, urls: Sequence[str], model: str) -> None:
+    """One short unmeasured request straight to each pool (no gateway learns from it): an engine's first request
+    pays one-off costs (1.4 s against 0.4 s to the first token on the CPU engine, measured by `bench sessions`),
+    which would otherwise land on whichever phase uses the pool first."""
+    for url in urls:
+        body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4}
+        await client.post(f"{url}/v1/chat/completions", json=body)
 
 
 def bench_route(config: RouteConfig) -> RouteResult:

@@ -18,7 +18,7 @@ import asyncio
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,13 +162,15 @@ async def _drive(config: RouteConfig, adaptive_url: str, rules_url: str, result:
         result.while_other_busy_fit = {name: pool.get("while_other_busy_fit") for name, pool in pools.items()}
 
 
-async def warm_up(client: httpx.AsyncClient, urls: Sequence[str], model: str) -> None:
+async def warm_up(client: httpx.AsyncClient, urls: Iterable[str], model: str, system: str | None = None) -> None:
     """One short unmeasured request straight to each pool (no gateway learns from it): an engine's first request
     pays one-off costs (1.4 s against 0.4 s to the first token on the CPU engine, measured by `bench sessions`),
-    which would otherwise land on whichever phase uses the pool first."""
+    which would otherwise land on whichever phase uses the pool first. ``system``: a system prompt to open with
+    (`bench sessions` salts it, so the warm-up shares no cached prefix with a phase)."""
+    messages = [{"role": "system", "content": system}] if system is not None else []
+    messages.append({"role": "user", "content": "Say hello."})
     for url in urls:
-        body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 4}
-        await client.post(f"{url}/v1/chat/completions", json=body)
+        await client.post(f"{url}/v1/chat/completions", json={"model": model, "messages": messages, "max_tokens": 4})
 
 
 def bench_route(config: RouteConfig) -> RouteResult:

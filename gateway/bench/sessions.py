@@ -64,7 +64,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.workloads.loader import WorkloadError
 from backends.workloads.sessions import load_session_file, session_files, system_text
 from gateway.app import create_app
-from gateway.bench.route import adaptive_rules, phase_orders
+from gateway.bench.route import adaptive_rules, phase_orders, warm_up
 from gateway.config import Settings
 from gateway.servers import ThreadServer
 
@@ -304,7 +304,7 @@ async def drive(
     async with httpx.AsyncClient(timeout=config.timeout_s) as client:
         model = config.model or (await client.get(f"{config.standard_url}/v1/models")).json()["data"][0]["id"]
         result.model = model
-        await warm_up(client, pools.values(), model, nonce())
+        await warm_up(client, pools.values(), model, salted(nonce(), None))
         for round_, order in enumerate(phase_orders(config.repeat, PHASES)):
             for phase in order:
                 salt = nonce()
@@ -315,16 +315,6 @@ async def drive(
                 after = {name: await read_cache(client, url) for name, url in pools.items()}
                 cache = {name: _rise(before[name], after[name]) for name in pools}
                 result.runs.append(PhaseRun(phase, round_, salt, seconds, outcomes, cache))
-
-
-async def warm_up(client: httpx.AsyncClient, urls: Iterable[str], model: str, salt: str) -> None:
-    """One short unmeasured request straight to each pool (no gateway learns from it), under a salt of its own:
-    an engine's first request pays one-off costs (measured: 1.4 s against 0.4 s time to first token on the CPU
-    engine), which would otherwise land on whichever phase uses the pool first."""
-    for url in urls:
-        body = {"model": model, "messages": [{"role": "system", "content": salted(salt, None)},
-                                             {"role": "user", "content": "Say hello."}], "max_tokens": 4}  # fmt: skip
-        await client.post(f"{url}/v1/chat/completions", json=body)
 
 
 def _rise(before: CacheCounters | None, after: CacheCounters | None) -> CacheCounters | None:

@@ -28,10 +28,11 @@ from prometheus_client import Gauge
 SCHEDSTAT = Path("/proc/thread-self/schedstat")
 
 
-def cpu_wait_s() -> float | None:
-    """Seconds the calling thread has spent runnable but waiting for a CPU, or None where unknown."""
+def cpu_wait_s(schedstat: Path = SCHEDSTAT) -> float | None:
+    """Seconds the calling thread (or the task whose ``schedstat`` file is given) has spent runnable but waiting
+    for a CPU, or None where unknown."""
     try:
-        return int(SCHEDSTAT.read_bytes().split()[1]) / 1e9
+        return int(schedstat.read_bytes().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return None
 

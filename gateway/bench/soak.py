@@ -33,6 +33,7 @@ from gateway.bench.cpu import cpu_seconds, cpu_ticks, proxy_split
 from gateway.bench.lean_client import LeanClient, Measurement
 from gateway.bench.loadgen import percentile, wait_http
 from gateway.bench.overhead import STARTUP_TIMEOUT_S, process, proxy_command
+from gateway.looplag import cpu_wait_s
 from gateway.servers import free_port
 
 RSS_TARGET = 0.05  # growth after the warm-up
@@ -153,10 +154,7 @@ def raise_fd_limit() -> None:
 
 def runqueue_wait_s(pid: int) -> float | None:
     """Seconds the main thread of ``pid`` (the event loop's) has spent runnable but waiting for a CPU."""
-    try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return None
+    return cpu_wait_s(Path(f"/proc/{pid}/schedstat"))
 
 
 def process_stats(pid: int) -> tuple[float, int]:

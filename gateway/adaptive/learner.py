@@ -32,13 +32,18 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TypeVar
+from dataclasses import dataclass
 
+from gateway.adaptive.cells import (
+    SLOPE_PRIOR_WEIGHT,
+    Cell,
+    CurveState,
+    PoolState,
+    cell_of,
+    template_cell,
+)
 from gateway.adaptive.content import Content
-from gateway.adaptive.cross import Cross
 from gateway.adaptive.model import (
-    NODES,
     SHRINK,
     Curve,
     LatencyModel,
@@ -51,19 +56,13 @@ from gateway.adaptive.model import (
 )
 from gateway.adaptive.predictor import Predictor
 
-INITIAL_VAR = 0.25  # log-seconds squared before any residual is seen (sigma 0.5, a factor of 1.65)
 LENGTH_WINDOW = 256  # recent output lengths kept per segment
-_K = TypeVar("_K", int, str)
 REFILL_EVERY = 16  # observations between refreshes of a curve's fill (also refreshed by every freeze)
-MERGE_DISTANCE = 0.5  # curve points nearer than this (in log2(1 + load)) are one point
-TEMPLATES = 1024  # per pool: the system-prompt templates whose residuals are kept (least recently seen go first)
 # What ``export`` means: bump it whenever a number's unit or meaning changes, so that replicas of two versions
 # (a rolling upgrade) share only with their own kind. 3: the per-request predictor's weights ("-|prd|..."), the
 # pools' slopes, and template offsets over the content's part (Dec 2026); 2: a speculative pool's tpot curve is
 # time per engine step and its offsets -log(acceptance); 1 (never written out) was time per token.
 EXPORT_FORMAT = 3
-SLOPE_PRIOR_WEIGHT = 0.2  # the slope's prior counts as this much squared deviation (a few observations)
-SLOPE_DECAY = 0.01  # the slope's sums fade by this per observation: it follows the traffic
 
 
 @dataclass(slots=True)  # not frozen: one per finished request, and a frozen __init__ costs ~2x; never mutated
@@ -83,174 +82,6 @@ class Observation:
     other_busy: float | None = None  # how busy the other pool was while it ran, 0..1 (other_busy_share; None: unknown)
 
 
-@dataclass
-class _Cell:
-    value: float = 0.0
-    weight: float = 0.0
-
-    def step(self, target: float, share: float, floor: float, cap: float) -> None:
-        if share <= 0:
-            return
-        weight = self.weight
-        rate = 1.0 / (weight + 1.0)  # max() and min() as conditionals: twice or more per observation
-        rate = (floor if floor > rate else rate) * share
-        self.value += rate * (target - self.value)
-        weight += share
-        self.weight = cap if cap < weight else weight
-
-
-@dataclass
-class _Slope:
-    """A regression through 0 of a pool's log-tpot residual on the request's predicted deviation, shrunk to
-    a prior: ``(sum d t + W prior) / (sum d^2 + W)``, the sums fading by SLOPE_DECAY per observation."""
-
-    dt: float = 0.0
-    dd: float = 0.0
-
-    def value(self, prior: float) -> float:
-        return (self.dt + SLOPE_PRIOR_WEIGHT * prior) / (self.dd + SLOPE_PRIOR_WEIGHT)
-
-    def step(self, deviation: float, residual: float) -> None:
-        keep = 1.0 - SLOPE_DECAY
-        self.dt = self.dt * keep + deviation * residual
-        self.dd = self.dd * keep + deviation * deviation
-
-
-@dataclass
-class _CurveState:
-    values: list[float] = field(default_factory=lambda: [0.0] * NODES)
-    weights: list[float] = field(default_factory=lambda: [0.0] * NODES)
-    # where each node's observations lie on average (in log2(1 + load)): a node's value belongs there
-    positions: list[float] = field(default_factory=lambda: [float(i) for i in range(NODES)])
-    _cache: list[float] | None = field(default=None, repr=False)
-
-    def filled(self) -> list[float]:
-        """:meth:`fill`, cached: observations learn against the curve as it was at the last refresh (every
-        REFILL_EVERY observations, every freeze, and when a node is seen for the first time). This keeps
-        :meth:`Learner.observe` at a few microseconds."""
-        if self._cache is None:
-            self._cache = self.fill()
-        return self._cache
-
-    def refresh(self) -> None:
-        self._cache = None
-
-    def fill(self) -> list[float]:
-        """The curve's value at every node: the line through the visited nodes' (position, value) points,
-        flat below the first, continued beyond the last with the slope of the last two (never falling);
-        then made non-decreasing.
-
-        A node's value is the mean of the observations near it, and its position is where they lay: when
-        requests were seen at loads between two nodes, the value belongs there, not at the node. Drawing the
-        line through those points keeps the slope the observations show (how much one more request slows
-        the pool down, which is what splits load between the pools); reading each value at its own node
-        would flatten every interval in which requests were seen at one load only.
-        """
-        points = self._points()
-        if len(points) <= 1:
-            return [points[0][1] if points else 0.0] * NODES
-        out = [0.0] * NODES
-        k, last = 0, len(points) - 1
-        for i in range(NODES):
-            u = float(i)
-            if u <= points[0][0]:
-                out[i] = points[0][1]
-                continue
-            while k < last - 1 and u > points[k + 1][0]:
-                k += 1
-            p0, v0, _ = points[k]
-            p1, v1, _ = points[k + 1]
-            slope = (v1 - v0) / (p1 - p0)
-            out[i] = v0 + slope * (u - p0) if u <= p1 else v1 + max(slope, 0.0) * (u - p1)
-        for i in range(1, NODES):
-            out[i] = max(out[i], out[i - 1])
-        return out
-
-    def _points(self) -> list[tuple[float, float, float]]:
-        """(position, value, weight) of the visited nodes in position order, points closer than
-        MERGE_DISTANCE merged by weight (their difference says nothing about a slope)."""
-        raw = sorted((self.positions[i], self.values[i], w) for i, w in enumerate(self.weights) if w > 0)
-        points: list[tuple[float, float, float]] = []
-        for position, value, weight in raw:
-            if points and position - points[-1][0] < MERGE_DISTANCE:
-                p, v, w = points[-1]
-                total = w + weight
-                points[-1] = ((p * w + position * weight) / total, (v * w + value * weight) / total, total)
-            else:
-                points.append((position, value, weight))
-        return _monotone(points)
-
-    def predict(self, u: float, filled: list[float]) -> float:
-        """The filled curve at load position ``u`` (:func:`load_position`, computed once per observation)."""
-        i = min(int(u), NODES - 2)
-        f = u - i
-        return filled[i] * (1 - f) + filled[i + 1] * f
-
-    def step(self, u: float, target: float, floor: float, cap: float) -> float:
-        """Move the two nodes around load position ``u`` towards ``target``, each by its share of the observation;
-        returns the error of the interpolated prediction before the step.
-
-        Each node is a running average of the observations near it (soft binning), not a coefficient of
-        the interpolation: a node between two observed loads is then never left underdetermined. The node's
-        position is the same running average of where those observations lay (see :meth:`fill`).
-        """
-        filled = self.filled()
-        i = int(u)
-        if i > NODES - 2:
-            i = NODES - 2
-        f = u - i
-        error = target - (filled[i] * (1 - f) + filled[i + 1] * f)
-        values, weights, positions = self.values, self.weights, self.positions
-        for j, share in ((i, 1.0 - f), (i + 1, f)):
-            if share <= 1e-9:
-                continue
-            weight = weights[j]
-            if weight <= 0:
-                values[j], positions[j] = target, u
-                self._cache = None  # a new node: the neighbours' fill changes
-            else:  # min(max(share / (weight + share), floor * share), 1.0), as conditionals
-                rate = share / (weight + share)
-                least = floor * share
-                if least > rate:
-                    rate = least
-                if rate > 1.0:
-                    rate = 1.0
-                values[j] += rate * (target - values[j])
-                positions[j] += rate * (u - positions[j])
-            weight += share
-            weights[j] = cap if cap < weight else weight
-        return error
-
-    def freeze(self) -> Curve:
-        self._cache = None
-        return Curve(tuple(self.filled()), tuple(self.weights))
-
-
-@dataclass
-class _PoolState:
-    ttft: _CurveState = field(default_factory=_CurveState)
-    tpot: _CurveState = field(default_factory=_CurveState)
-    ttft_offsets: dict[int, _Cell] = field(default_factory=dict)
-    tpot_offsets: dict[str, _Cell] = field(default_factory=dict)
-    acceptance: dict[str, _Cell] = field(default_factory=dict)
-    # per "segment#template": what the template's requests leave over after the segment's tpot offset (in the
-    # offset's units), least recently seen first, at most TEMPLATES
-    templates: dict[str, _Cell] = field(default_factory=dict)
-    mean_log_acceptance: _Cell = field(default_factory=_Cell)
-    ttft_var: float = INITIAL_VAR
-    tpot_var: float = INITIAL_VAR
-    samples: float = 0.0
-    last_observed_s: float | None = None
-    segment_seen: dict[str, float] = field(default_factory=dict)  # the clock at each segment's last step
-    slope: _Slope = field(default_factory=_Slope)
-    acceptance_max: float = 0.0  # the largest acceptance length reported
-    cross: Cross = field(default_factory=Cross)
-
-    @property
-    def slope_prior(self) -> float:
-        return -1.0 if self.mean_log_acceptance.weight > 0 else 0.0
-
-
 class Learner:
     """Mutable learning state of one gateway (or one simulation). Not thread-safe: one owner feeds it."""
 
@@ -258,7 +89,7 @@ class Learner:
         self.shared_device = shared_device  # declared by the operator (rules adaptive.shared_device): cross.py's prior
         self.set_learning_rate(learning_rate)
         self.forget_s = forget_s  # past this long unseen on a pool, a segment's samples there fade (None: never)
-        self._pools: dict[str, _PoolState] = {}
+        self._pools: dict[str, PoolState] = {}
         self._lengths: dict[str, deque[int]] = {}
         self._all_lengths: deque[int] = deque(maxlen=LENGTH_WINDOW * 2)
         self.predictor = Predictor()
@@ -272,12 +103,12 @@ class Learner:
     def observe(self, obs: Observation) -> None:
         if obs.total_s <= 0 or (obs.ttft_s is not None and obs.ttft_s <= 0):
             return
-        # get-then-create, not setdefault: a setdefault builds its default (a whole _PoolState) every call
+        # get-then-create, not setdefault: a setdefault builds its default (a whole PoolState) every call
         state = self._pools.get(obs.pool)
         if state is None:
-            state = self._pools[obs.pool] = _PoolState()
+            state = self._pools[obs.pool] = PoolState()
         floor, cap = self.floor, self.cap
-        ttft_offset = _cell(state.ttft_offsets, prompt_bin(obs.prompt_tokens))
+        ttft_offset = cell_of(state.ttft_offsets, prompt_bin(obs.prompt_tokens))
         u = load_position(obs.load)
         ttft = obs.ttft_s
         if ttft is not None:
@@ -305,14 +136,14 @@ class Learner:
                 each.cross.refresh(self.shared_device)
 
     def _observe_tpot(
-        self, state: _PoolState, obs: Observation, ttft: float, u: float, deviation: float | None
+        self, state: PoolState, obs: Observation, ttft: float, u: float, deviation: float | None
     ) -> None:  # fmt: skip
         floor, cap = self.floor, self.cap
         target = math.log((obs.total_s - ttft) / (obs.output_tokens - 1))
         x = obs.other_busy
         cross = state.cross.used * x if x is not None else 0.0
         target -= cross  # the curve and offsets learn the pool's speed with the other pool idle
-        offset = _cell(state.tpot_offsets, obs.segment)
+        offset = cell_of(state.tpot_offsets, obs.segment)
         seen = state.segment_seen.get(obs.segment)
         if seen is not None and self.forget_s and obs.at_s - seen > self.forget_s:
             # a segment unseen on this pool for longer than forget_s (its traffic went to the other pool): what
@@ -321,13 +152,13 @@ class Learner:
             offset.weight *= math.exp(-(obs.at_s - seen - self.forget_s) / self.forget_s)
         state.segment_seen[obs.segment] = obs.at_s
         key = template_key(obs.segment, obs.template)
-        template = None if key is None else _template(state.templates, key)
+        template = None if key is None else template_cell(state.templates, key)
         mean_log_a = state.mean_log_acceptance
         if obs.acceptance_length is not None and obs.acceptance_length >= 1.0:
             log_a = math.log(obs.acceptance_length)
             mean_log_a.step(log_a, 1.0, floor, cap)
             state.acceptance_max = max(state.acceptance_max, obs.acceptance_length)
-            _cell(state.acceptance, obs.segment).step(obs.acceptance_length, 1.0, floor, cap)
+            cell_of(state.acceptance, obs.segment).step(obs.acceptance_length, 1.0, floor, cap)
             before = _log_tpot_offset(offset, mean_log_a)
             explained = _content_part(state, deviation, -log_a - before)
             if template is not None:  # how far this template's acceptance lies from its segment's and content's
@@ -426,11 +257,11 @@ class Learner:
             if kind == "var":
                 variances.setdefault(pool, []).append((part, value, weight))
                 continue
-            # get() first: setdefault would build a _PoolState per number (2/3 of an absorb's time) to drop it
-            state = self._pools.get(pool) or self._pools.setdefault(pool, _PoolState())
+            # get() first: setdefault would build a PoolState per number (2/3 of an absorb's time) to drop it
+            state = self._pools.get(pool) or self._pools.setdefault(pool, PoolState())
             self._absorb_one(state, kind, part, key, value, weight)
         for pool, entries in variances.items():
-            self._absorb_variances(self._pools.get(pool) or self._pools.setdefault(pool, _PoolState()), entries)
+            self._absorb_variances(self._pools.get(pool) or self._pools.setdefault(pool, PoolState()), entries)
         for seg, quantiles in lengths.items():
             window = self._lengths.get(seg)
             remote_n = max(w for _, _, w in quantiles)
@@ -440,7 +271,7 @@ class Learner:
                 self._all_lengths.extend(values)
         self._frozen = None
 
-    def _absorb_one(self, state: _PoolState, kind: str, part: str, key: str, value: float, weight: float) -> None:
+    def _absorb_one(self, state: PoolState, kind: str, part: str, key: str, value: float, weight: float) -> None:
         if part == "node":
             curve = state.ttft if kind == "ttft" else state.tpot
             i = int(key)
@@ -452,14 +283,14 @@ class Learner:
             curve.positions[i], _ = _blend(curve.positions[i], curve.weights[i], value, weight)
         elif part == "off":
             if kind == "ttft":
-                cell = state.ttft_offsets.setdefault(int(key), _Cell())
+                cell = state.ttft_offsets.setdefault(int(key), Cell())
             elif kind == "tpot":
-                cell = state.tpot_offsets.setdefault(key, _Cell())
+                cell = state.tpot_offsets.setdefault(key, Cell())
             else:
-                cell = state.acceptance.setdefault(key, _Cell())
+                cell = state.acceptance.setdefault(key, Cell())
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
         elif part == "tmpl":
-            cell = _template(state.templates, key)
+            cell = template_cell(state.templates, key)
             cell.value, cell.weight = _blend(cell.value, cell.weight, value, weight)
         elif kind == "mla":
             cell = state.mean_log_acceptance
@@ -471,7 +302,7 @@ class Learner:
         elif kind == "amax":
             state.acceptance_max = max(state.acceptance_max, value)
 
-    def _absorb_variances(self, state: _PoolState, entries: list[tuple[str, float, float]]) -> None:
+    def _absorb_variances(self, state: PoolState, entries: list[tuple[str, float, float]]) -> None:
         """Both residual variances blended against the pool's sample count as it was before this sync (the
         count is one weight for both: raising it for the first would let the second barely move)."""
         before = state.samples
@@ -487,32 +318,7 @@ def _absorb_order(name: str) -> int:
     return 0 if "|pos|" in name else 2 if "|slope|" in name else 1
 
 
-def _monotone(points: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
-    """The points with their values replaced by the weighted least-squares non-decreasing fit (pool
-    adjacent violators): a point above the next is averaged with it, by weight, until no point is; each
-    point keeps its position and weight. A light point at a low load with a high value (one slow request
-    seen there) thus barely moves the well-known points after it, where a running maximum would have lifted
-    the whole curve above it to its value."""
-    blocks: list[list[float]] = []  # [value, weight, points in the block]
-    for _, value, weight in points:
-        blocks.append([value, weight, 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            v2, w2, n2 = blocks.pop()
-            v1, w1, n1 = blocks[-1]
-            blocks[-1] = [(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2]
-    values = [v for v, _, n in blocks for _ in range(int(n))]
-    return [(position, value, weight) for (position, _, weight), value in zip(points, values, strict=True)]
-
-
-def _cell(cells: dict[_K, _Cell], key: _K) -> _Cell:
-    """``cells[key]``, made on first use (without building a throw-away default on every call)."""
-    cell = cells.get(key)
-    if cell is None:
-        cell = cells[key] = _Cell()
-    return cell
-
-
-def _content_part(state: _PoolState, deviation: float | None, residual: float) -> float:
+def _content_part(state: PoolState, deviation: float | None, residual: float) -> float:
     """The part of a request's tpot residual (over its segment's offset) that its predicted content deviation
     explains on this pool, by the pool's slope as it was; the slope then learns from this residual."""
     if deviation is None:
@@ -523,8 +329,8 @@ def _content_part(state: _PoolState, deviation: float | None, residual: float) -
 
 
 def _fit(
-    curve: _CurveState, offset: _Cell, u: float, target: float, floor: float, cap: float,
-    template: _Cell | None = None, content: tuple[_PoolState, float | None] | None = None,
+    curve: CurveState, offset: Cell, u: float, target: float, floor: float, cap: float,
+    template: Cell | None = None, content: tuple[PoolState, float | None] | None = None,
 ) -> float:  # fmt: skip
     """One step of the additive model ``target ~ curve(load) + offset (+ slope x content + template)`` at load
     position ``u``; returns the curve's error. The slope and the template cell learn what the offset leaves
@@ -546,25 +352,13 @@ def _fit(
     return error
 
 
-def _template(cells: dict[str, _Cell], key: str) -> _Cell:
-    """``cells[key]`` (made on first use) moved to the most recently seen end; past TEMPLATES, the least
-    recently seen template is dropped: request data keys this table, so it must stay bounded."""
-    cell = cells.pop(key, None)
-    if cell is None:
-        cell = _Cell()
-        if len(cells) >= TEMPLATES:
-            del cells[next(iter(cells))]
-    cells[key] = cell
-    return cell
-
-
-def _log_tpot_offset(offset: _Cell, mean_log_a: _Cell) -> float:
+def _log_tpot_offset(offset: Cell, mean_log_a: Cell) -> float:
     """A segment's learned ``-log(acceptance)`` on a pool that reports acceptance, the pool's mean for a
     segment not seen there yet."""
     return offset.value if offset.weight > 0 else -mean_log_a.value
 
 
-def _known_ttft(state: _PoolState, offset: _Cell, u: float, total_s: float) -> float:
+def _known_ttft(state: PoolState, offset: Cell, u: float, total_s: float) -> float:
     """The predicted first-token time at load position ``u`` (capped at half the total), or 0 with no stream
     seen yet."""
     if not any(w > 0 for w in state.ttft.weights):
@@ -578,7 +372,7 @@ def _blend(local: float, local_w: float, remote: float, remote_w: float) -> tupl
     return (local * local_w + remote * remote_w) / total, max(local_w, remote_w)
 
 
-def _shrink(cell: _Cell) -> float:
+def _shrink(cell: Cell) -> float:
     return min(1.0, cell.weight / SHRINK)  # as Offset.shrunk
 
 
@@ -589,7 +383,7 @@ def _quantiles(window: Iterable[int], count: int = 20) -> list[int]:
     return [ordered[min(len(ordered) - 1, (2 * q + 1) * len(ordered) // (2 * count))] for q in range(count)]
 
 
-def _freeze_pool(state: _PoolState) -> PoolModel:
+def _freeze_pool(state: PoolState) -> PoolModel:
     tpot = state.tpot.freeze()
     # A pool that reports acceptance learns time per step and -log(acceptance) per segment (see
     # _observe_tpot); the model reads them around the pool's mean acceptance, so that an offset shrunk for

@@ -10,7 +10,7 @@ import pytest
 
 from backends.emulator.profiles import load_profile
 from backends.emulator.timing import TimingModel, expected_tokens_per_step
-from gateway.adaptive import learner as learner_module
+from gateway.adaptive import cells as cells_module
 from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, template_key
 from gateway.adaptive.views import model_view
@@ -99,7 +99,7 @@ def test_a_template_seen_once_moves_the_prediction_a_little() -> None:
 
 
 def test_the_template_table_is_bounded_and_keeps_the_recently_seen(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(learner_module, "TEMPLATES", 8)
+    monkeypatch.setattr(cells_module, "TEMPLATES", 8)
     learner = Learner()
     for i in range(20):
         for template in ("kept", f"flood-{i}"):

@@ -54,10 +54,10 @@ class RequestFeatures:
     # expected_cached): set by the gateway before the decision, only for a request with blocks; None: not known
     cached_tokens: Mapping[str, int] | None = None
 
-    def uncached_tokens(self, pool: str) -> int:
-        """The prompt tokens the pool is expected to prefill: all of them unless ``cached_tokens`` says otherwise."""
+    def cached_on(self, pool: str) -> int:
+        """The prompt tokens the pool's chosen replica is expected to hold (0 unless ``cached_tokens`` says)."""
         cached = self.cached_tokens
-        return self.prompt_tokens - cached.get(pool, 0) if cached is not None else self.prompt_tokens
+        return cached.get(pool, 0) if cached is not None else 0
 
     @property
     def sequences(self) -> int:
@@ -313,10 +313,15 @@ def _prompt_text(prompt: Any) -> tuple[str | None, int]:
 
 
 def estimate_tokens(text: str) -> int:
-    """A cheap estimate: ~4 characters a token for ASCII, ~1.5 for CJK and other scripts."""
+    """A cheap estimate: ~4 characters a token for ASCII, ~1.5 for CJK and other scripts, each part of a mixed
+    text at its own rate. The non-ASCII characters are counted from the UTF-8 length, half a character per
+    extra byte: a CJK character (3 bytes) counts whole, an accented Latin or a Cyrillic one (2 bytes) half, so
+    an English text with a curly quote is read as English (it read as CJK before: 2.7x its tokens)."""
     if text.isascii():
         return (len(text) + 3) // 4
-    return (len(text) * 2 + 2) // 3
+    chars = len(text)
+    other = min(chars, (len(text.encode("utf-8", "surrogatepass")) - chars + 1) // 2)
+    return (chars - other + 3) // 4 + (other * 2 + 2) // 3
 
 
 def _optional(body: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:

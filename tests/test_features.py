@@ -149,6 +149,16 @@ def test_token_estimate_scales_with_script() -> None:
     assert estimate_tokens("汉" * 300) == 200
 
 
+def test_a_mixed_text_is_estimated_part_by_part() -> None:
+    """An English text with one curly quote read as English (it read as CJK: 2.7x), CJK in English counted at
+    the CJK rate, 2-byte scripts (accented Latin, Cyrillic) in between; a lone surrogate does not raise."""
+    english = "word " * 400  # 2,000 ASCII characters: 500 tokens
+    assert estimate_tokens(english + "\u201c") == 501
+    assert estimate_tokens(english + "汉" * 300) == 500 + 200
+    assert 500 < estimate_tokens("я" * 2000) < 1334  # between the ASCII rate and the CJK rate
+    assert estimate_tokens("ab\ud800cd") >= 1
+
+
 @pytest.mark.parametrize(
     "text",
     [

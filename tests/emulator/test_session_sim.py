@@ -266,9 +266,11 @@ def test_prefix_choice_needs_a_replica() -> None:
 
 
 # Fingerprints of every policy's results on a single-turn workload, computed on fc4732b (before sessions): the
-# simulator without sessions must give the same figures to the last digit.
+# simulator without sessions must give the same figures to the last digit. The adaptive two changed once since,
+# on purpose: the prompt-token estimate reads a mixed text part by part (gateway.features.estimate_tokens, Dec 6
+# 2026); with the old estimate put back, all seven fingerprints are fc4732b's.
 GOLDEN = {
-    "adaptive": "5bfcd2bd270c98d4", "adaptive-warm": "f7e30878bf75640f", "always-speculative": "0569812817838520",
+    "adaptive": "a4e3651647daa6c3", "adaptive-warm": "7e77df4e5d89fd51", "always-speculative": "0569812817838520",
     "always-standard": "6d9db1f9f06f96ab", "myopic": "842169c24bf5a41b", "perfect-predictor": "67b436fb4d22e73d",
     "rules": "2e56c906e60717e7",
 }  # fmt: skip

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from gateway.adaptive.model import Prediction, prediction_for
 from gateway.adaptive.policy import choose_fastest, explore_during_warmup
 from gateway.features import RequestFeatures
+from gateway.pools import request_blocks
 from gateway.rules import RoutingRules, When
 from gateway.snapshot import Snapshot, other_pool, pool_load
 
@@ -68,6 +69,25 @@ def decide(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -
             return _checked(other_pool(pool), f"{reason} (warm-up); explore", rule_name, snapshot, (), True)
         reason = f"{reason} (warm-up)"
     return _checked(pool, reason, rule_name, snapshot, (), False, learning=rules.uses_fastest)
+
+
+def replica_worth(
+    decision: Decision, features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules, replicas: int
+) -> float | None:  # fmt: skip
+    """:func:`gateway.pools.request_blocks` for the decided pool: how many of the request's cached blocks one more
+    request in flight on a replica is worth to it, priced by the model the decision read (None without blocks,
+    without the model's prediction, or where the pool has no learned prefill rate yet)."""
+    predicted = decision.predicted
+    model = snapshot.model
+    if not features.blocks or predicted is None or model is None:
+        return None
+    found = model.pools.get(decision.pool)
+    if found is None:
+        return None
+    return request_blocks(
+        predicted.per_request_s, found.prefill_rate, replicas, features.prompt_tokens, features.prefix_bytes,
+        rules.adaptive.externality,
+    )  # fmt: skip
 
 
 def _checked(

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 from gateway.breaker import OPEN, STATES, BreakerPolicy, CircuitBreaker
 from gateway.errors import NoHealthyBackend
 from gateway.metrics import GatewayMetrics
-from gateway.prefix_index import PrefixIndex, cached_tokens
+from gateway.prefix_index import BLOCK_BYTES, PrefixIndex, cached_tokens
 from gateway.snapshot import POOL_NAMES, PoolSnapshot, other_pool
 
 HEALTH_VERDICTS = ("ok", "failed", "timeout", "late")  # gateway/health.py's verdicts
@@ -66,32 +66,58 @@ class Bookable(Protocol):
 R = TypeVar("R", bound=Bookable)
 
 
-def best_holder(candidates: Sequence[R], blocks: Sequence[int], index: PrefixIndex) -> tuple[R | None, int]:
+def request_blocks(
+    per_request_s: float, prefill_s_per_token: float, replicas: int, prompt_tokens: int, read_bytes: int,
+    externality: float = 1.0,
+) -> float | None:  # fmt: skip
+    """How many of a request's cached blocks one more request in flight on its replica is worth, from the
+    learned model: the delay one more request on the pool adds to this one (``Prediction.per_request_s``), on
+    one of the pool's ``replicas`` (``replicas`` times the pool's), plus as much added by this one to each
+    of the others there (times ``externality``), over the prefill time of a block (the pool's learned prefill
+    rate, ``PoolModel.prefill_rate``, times the prompt's tokens per :data:`BLOCK_BYTES` of the text read).
+    None where either side is not known (the fixed slack alone then decides)."""
+    if per_request_s <= 0 or prefill_s_per_token <= 0 or prompt_tokens <= 0 or read_bytes <= 0:
+        return None
+    block_s = prefill_s_per_token * prompt_tokens * BLOCK_BYTES / read_bytes
+    return (1.0 + externality) * per_request_s * max(replicas, 1) / block_s
+
+
+def best_holder(
+    candidates: Sequence[R], blocks: Sequence[int], index: PrefixIndex, worth: float | None = None
+) -> tuple[R | None, int]:  # fmt: skip
     """The module's rule: among ``candidates`` within :func:`affinity_limit` of the least loaded, the one expected
     to hold the most leading blocks (ties: fewest booked tokens), and its expected hit; (None, 0) when no
-    eligible one holds any."""
-    limit = affinity_limit(min(r.inflight for r in candidates))
-    best, best_hit = None, 0
+    eligible one holds any. With ``worth`` (:func:`request_blocks`), each replica's hit counts less that many
+    blocks per request it has in flight over the least loaded, and a holder must come out ahead of choosing by
+    load (a score above 0): affinity yields to load as the learned model prices them."""
+    least = min(r.inflight for r in candidates)
+    limit = affinity_limit(least)
+    best, best_hit, best_score = None, 0, 0.0
     for replica in candidates:
         if replica.inflight > limit:
             continue
         hit = index.expected_hit(replica.url, blocks)
-        if hit > best_hit or (hit and hit == best_hit and best is not None
-                              and replica.booked_tokens < best.booked_tokens):  # fmt: skip
-            best, best_hit = replica, hit
+        if not hit:
+            continue
+        score = hit if worth is None else hit - worth * (replica.inflight - least)
+        if score > best_score or (score == best_score and best is not None
+                                  and replica.booked_tokens < best.booked_tokens):  # fmt: skip
+            best, best_hit, best_score = replica, hit, score
     return best, best_hit
 
 
 def choose_replica(
-    candidates: Sequence[R], blocks: Sequence[int], index: PrefixIndex | None, rng: random.Random
+    candidates: Sequence[R], blocks: Sequence[int], index: PrefixIndex | None, rng: random.Random,
+    worth: float | None = None,
 ) -> R | None:  # fmt: skip
     """The replica for a request: with ``blocks`` and the prefix index, the one expected to hold the longest
-    prefix among those within the load slack (:func:`best_holder`); else power of two choices on booked tokens.
-    The gateway's :meth:`Pool.pick` and the simulator's specgate both choose by it."""
+    prefix among those within the load slack (:func:`best_holder`, its hit priced against load by ``worth``
+    where the model knows it); else power of two choices on booked tokens. The gateway's :meth:`Pool.pick` and
+    the simulator's specgate both choose by it."""
     if len(candidates) <= 1:
         return candidates[0] if candidates else None
     if blocks and index is not None:
-        holder = best_holder(candidates, blocks, index)[0]
+        holder = best_holder(candidates, blocks, index, worth)[0]
         if holder is not None:
             return holder
     a, b = rng.sample(candidates, 2)
@@ -273,10 +299,12 @@ class Pool:
         self._rng = rng
         self.index = index
 
-    def pick(self, exclude: frozenset[Replica] = frozenset(), blocks: Sequence[int] = ()) -> Replica | None:
+    def pick(
+        self, exclude: frozenset[Replica] = frozenset(), blocks: Sequence[int] = (), worth: float | None = None
+    ) -> Replica | None:  # fmt: skip
         """:func:`choose_replica` among healthy replicas not excluded whose breaker admits."""
         candidates = [r for r in self.replicas if r.healthy and r.breaker.admits and r not in exclude]
-        return choose_replica(candidates, blocks, self.index, self._rng)
+        return choose_replica(candidates, blocks, self.index, self._rng, worth)
 
     def expected_hit(self, blocks: Sequence[int]) -> int:
         """:func:`expected_hit` of the replicas :meth:`pick` would choose among (none excluded)."""
@@ -339,13 +367,13 @@ class PoolSet:
 
     def acquire(
         self, pool: str, tokens: int, tried: frozenset[Replica] = frozenset(), allowed: frozenset[str] | None = None,
-        blocks: Sequence[int] = (),
+        blocks: Sequence[int] = (), worth: float | None = None,
     ) -> Booking:  # fmt: skip
         """Book the best replica in ``pool``, else in the other pool if ``allowed`` (the snapshot the decision
         read may be older than a breaker that just opened); raise :class:`NoHealthyBackend` when none is left.
         ``blocks``: the prompt's block values, when the prefix index is on (the replica choice then reads them,
-        and they are recorded as sent to the replica booked)."""
-        replica = self.pools[pool].pick(tried, blocks)
+        and they are recorded as sent to the replica booked); ``worth``: :func:`request_blocks` for ``pool``."""
+        replica = self.pools[pool].pick(tried, blocks, worth)
         other = other_pool(pool)
         if replica is None and (allowed is None or other in allowed):
             replica = self.pools[other].pick(tried, blocks)

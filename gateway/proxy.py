@@ -205,7 +205,8 @@ class _Relay:
         pools = self.state.pools
         tokens = self.features.prompt_tokens + self.features.max_tokens * self.features.sequences
         blocks = self.features.blocks  # empty unless the prefix index is on
-        self.booking = pools.acquire(self.pool, tokens, allowed=self.allowed, blocks=blocks)
+        worth = self.state.replica_worth(self.features, self.decision) if blocks else None
+        self.booking = pools.acquire(self.pool, tokens, allowed=self.allowed, blocks=blocks, worth=worth)
         if self.booking.replica.pool != self.pool:  # the decision's snapshot predates a breaker or health change
             self.pool = self.booking.replica.pool
             self.reason = f"{self.reason}; fallback: {self.pool}"

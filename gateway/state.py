@@ -24,7 +24,7 @@ from gateway.adaptive.shared import ModelSync
 from gateway.auth import Access, upstream_headers
 from gateway.breaker import breaker_policy
 from gateway.config import Settings
-from gateway.decide import Decision
+from gateway.decide import Decision, replica_worth
 from gateway.errors import MissingExtra, UnknownModel
 from gateway.features import Classifier, RequestFeatures
 from gateway.guard import Sweeper
@@ -148,6 +148,11 @@ class GatewayState:
                 features.blocks, features.prefix_bytes, features.prompt_tokens
             )  # fmt: skip
 
+    def replica_worth(self, features: RequestFeatures, decision: Decision) -> float | None:
+        """After the decision: :func:`gateway.decide.replica_worth` for its pool, with the snapshot and rules now."""
+        pool = self.pools.pools[decision.pool]
+        return replica_worth(decision, features, self.snapshot, self.ruleset.rules, len(pool.replicas))
+
     # -- snapshot ------------------------------------------------------------------------------------
     def refresh_snapshot(self) -> None:
         with held(self._snapshot_job):
@@ -223,13 +228,13 @@ class GatewayState:
         # (scaled, as pool_load scales them, by the gateway replicas sharing the pool)
         run_load = None if run_shift is None else max(decision.load + self.snapshot.gateways * run_shift, 0.0)
         other = other_busy_share(other_busy, decision.other_load, self.snapshot.gateways)
-        # the prompt as the decision saw it on the pool: what it expected to be prefilled there (all of it without
-        # blocks), so the prompt-size offsets of time to first token are learned against what a prediction reads
+        # the prompt and what the decision expected the pool to hold of it (0 without blocks): the prompt-size
+        # offsets of time to first token learn the whole prompt's, the pool's prefill rate what the cached part saved
         self._pending.append(Observation(
-            decision.pool, segment, features.uncached_tokens(decision.pool), decision.load, first, total, tokens,
-            acceptance,
+            decision.pool, segment, features.prompt_tokens, decision.load, first, total, tokens, acceptance,
             at_s=time.monotonic(), run_load=run_load, template=features.template, content=content_of(features),
             other_busy=other,
+            cached_tokens=None if features.cached_tokens is None else features.cached_on(decision.pool),
         ))  # fmt: skip
         predicted = decision.predicted
         if predicted is not None:

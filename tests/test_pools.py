@@ -7,7 +7,15 @@ from prometheus_client import CollectorRegistry
 
 from gateway.errors import NoHealthyBackend
 from gateway.metrics import GatewayMetrics
-from gateway.pools import PoolSet, Replica, affinity_limit, choose_replica, expected_cached, expected_hit
+from gateway.pools import (
+    PoolSet,
+    Replica,
+    affinity_limit,
+    choose_replica,
+    expected_cached,
+    expected_hit,
+    request_blocks,
+)
 from gateway.prefix_index import PrefixIndex, chain
 
 
@@ -308,6 +316,29 @@ def test_reconfigure_keeps_the_index_of_known_replicas_only() -> None:
     pools.configure({"standard": [a.url, "http://d:1"], "speculative": []})
     assert index.held(a.url) == 4 and index.held(b.url) == 0
     assert pools.pools["standard"].index is index
+
+
+def test_priced_affinity_yields_to_load_where_the_hit_is_worth_less_than_the_extra_requests() -> None:
+    """With ``worth`` (blocks one more request in flight is worth), a holder wins only where its hit beats
+    ``worth`` x its extra requests over the least loaded; without it, the fixed slack alone (as before)."""
+    _, (a, b, c), index = indexed()
+    index.record(b.url, PROMPT)  # four blocks
+    busy(b, 2)
+    assert choose_replica([a, b, c], PROMPT, index, random.Random(0)) is b  # within the slack of 8
+    assert choose_replica([a, b, c], PROMPT, index, random.Random(0), worth=1.5) is b  # 4 - 2 x 1.5 > 0
+    assert choose_replica([a, b, c], PROMPT, index, random.Random(0), worth=2.5) in (a, c)  # 4 - 2 x 2.5 < 0
+    index.record(a.url, PROMPT[:1])  # the least loaded holds one block: 1 > 4 - 2 x 2
+    assert choose_replica([a, b, c], PROMPT, index, random.Random(0), worth=2.0) is a
+    busy(b, 7)  # past the slack: never, however cheap the load
+    assert choose_replica([a, b, c], PROMPT, index, random.Random(0), worth=0.01) is a
+
+
+def test_what_a_request_in_flight_is_worth_in_cached_blocks() -> None:
+    # 0.2 s added per request on the pool, two replicas, 1 ms a token, 128 tokens per 512-byte block
+    assert request_blocks(0.2, 0.001, 2, 1280, 5120) == pytest.approx((1 + 1.0) * 0.2 * 2 / 0.128)
+    assert request_blocks(0.2, 0.001, 2, 1280, 5120, externality=0.0) == pytest.approx(0.2 * 2 / 0.128)
+    for unknown in ((0.0, 0.001), (0.2, 0.0)):
+        assert request_blocks(*unknown, 2, 1280, 5120) is None  # the fixed slack decides
 
 
 def test_expected_hits_show_each_replica_and_its_eligibility() -> None:

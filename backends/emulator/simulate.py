@@ -62,7 +62,7 @@ from backends.workloads.loader import WorkloadItem
 from gateway.adaptive.cross import other_busy_share
 from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel, segment_of
-from gateway.decide import decide
+from gateway.decide import decide, replica_worth
 from gateway.features import RequestFeatures
 from gateway.pools import LoadClock, LoadSpan, choose_replica, expected_cached
 from gateway.prefix_index import PrefixIndex
@@ -307,8 +307,13 @@ class Simulation:
             reason, load, explored, other_load = MYOPIC, 0.0, False, None
         else:
             features = self._features(arrival, output_tokens)
-            decision = decide(features, self._snapshot(now, gateway), self.rules)
-            replica = self._pick(self._replicas[decision.pool], arrival, features)
+            snapshot = self._snapshot(now, gateway)
+            decision = decide(features, snapshot, self.rules)
+            replicas = self._replicas[decision.pool]
+            worth = None
+            if self._index is not None and features.blocks:  # the gateway's replica choice prices its cache
+                worth = replica_worth(decision, features, snapshot, self.rules, len(replicas))
+            replica = self._pick(replicas, arrival, features, worth)
             reason, load, explored = decision.reason, decision.load, decision.explored
             other_load = decision.other_load if decision.learning else None
         request = EngineRequest(
@@ -333,11 +338,13 @@ class Simulation:
         if replica.outcome is None:
             self._start_step(replica, now)
 
-    def _pick(self, replicas: Sequence[_Replica], arrival: Arrival, features: RequestFeatures) -> _Replica:
+    def _pick(
+        self, replicas: Sequence[_Replica], arrival: Arrival, features: RequestFeatures, worth: float | None = None
+    ) -> _Replica:  # fmt: skip
         """The replica of the chosen pool: the fewest in flight, the longest cached prefix (``prefix``, within
         a load slack), the session's first replica (``sticky``) or the gateway's choice (``index``)."""
         if self._index is not None:
-            chosen = choose_replica(replicas, features.blocks, self._index, self._pick_rng)
+            chosen = choose_replica(replicas, features.blocks, self._index, self._pick_rng, worth)
             assert chosen is not None
             if features.blocks:
                 self._index.record(chosen.url, features.blocks)
@@ -476,12 +483,13 @@ class Simulation:
         load, gateways = progress.load, self._gateways_seen
         run_load = load if run_shift is None else max(load + gateways * run_shift, 0.0)
         return Observation(
-            result.pool, segment, features.uncached_tokens(result.pool), load, seen_ttft, result.latency_s, tokens,
+            result.pool, segment, features.prompt_tokens, load, seen_ttft, result.latency_s, tokens,
             acceptance, finished_s, run_load, features.template, features.content,
             other_busy_share(
                 self._clocks[progress.gateway][other_pool(result.pool)].busy_since(progress.other_mark, finished_s),
                 progress.other_load, gateways,
             ),
+            None if features.cached_tokens is None else features.cached_on(result.pool),
         )  # fmt: skip
 
 

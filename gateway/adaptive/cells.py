@@ -14,6 +14,8 @@ MERGE_DISTANCE = 0.5  # curve points nearer than this (in log2(1 + load)) are on
 TEMPLATES = 1024  # per pool: the system-prompt templates whose residuals are kept (least recently seen go first)
 SLOPE_PRIOR_WEIGHT = 0.2  # the slope's prior counts as this much squared deviation (a few observations)
 SLOPE_DECAY = 0.01  # the slope's sums fade by this per observation: it follows the traffic
+TREND_PRIOR_WEIGHT = 0.2  # a trend's prior (0) counts as this much spread of x (PoolState.prefill: 0.45k tokens once)
+TREND_DECAY = 0.01  # a trend's sums fade by this per observation
 _K = TypeVar("_K", int, str)
 
 
@@ -48,6 +50,46 @@ class Slope:
         keep = 1.0 - SLOPE_DECAY
         self.dt = self.dt * keep + deviation * residual
         self.dd = self.dd * keep + deviation * deviation
+
+
+@dataclass
+class Trend:
+    """A least-squares slope with an intercept, ``sum (x - mean x)(y - mean y) / (sum (x - mean x)^2 + W)``
+    (shrunk towards 0 by W = TREND_PRIOR_WEIGHT), the sums fading by TREND_DECAY per observation.
+
+    The intercept takes any constant bias of ``y`` (a residual over a model that is itself still learning),
+    so the slope reads only how ``y`` moves with ``x``."""
+
+    n: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def step(self, x: float, y: float) -> None:
+        keep = 1.0 - TREND_DECAY
+        self.n = self.n * keep + 1.0
+        self.x = self.x * keep + x
+        self.y = self.y * keep + y
+        self.xx = self.xx * keep + x * x
+        self.xy = self.xy * keep + x * y
+
+    @property
+    def spread(self) -> float:
+        """The centred sum of squares of ``x``: the evidence behind the slope."""
+        return self.xx - self.x * self.x / self.n if self.n > 0 else 0.0
+
+    def value(self) -> float:
+        if self.n <= 0:
+            return 0.0
+        return (self.xy - self.x * self.y / self.n) / (self.spread + TREND_PRIOR_WEIGHT)
+
+    def take(self, slope: float, spread: float) -> None:
+        """Set the slope (learned elsewhere and blended) keeping the spread of ``x`` this one saw, or taking
+        ``spread`` when it saw none."""
+        if self.spread <= 0:
+            self.n, self.x, self.y, self.xx = 1.0, 0.0, 0.0, spread
+        self.xy = slope * (self.spread + TREND_PRIOR_WEIGHT) + self.x * self.y / self.n
 
 
 @dataclass
@@ -179,6 +221,10 @@ class PoolState:
     slope: Slope = field(default_factory=Slope)
     acceptance_max: float = 0.0  # the largest acceptance length reported
     cross: Cross = field(default_factory=Cross)
+    # seconds a thousand prompt tokens held in the replica's prefix cache save of the first token's time: the
+    # trend of the whole prompt's predicted time less the time seen, on the thousands held (requests whose
+    # expected hit the gateway read, none held included)
+    prefill: Trend = field(default_factory=Trend)
 
     @property
     def slope_prior(self) -> float:

@@ -56,6 +56,7 @@ from gateway.adaptive.model import (
 )
 from gateway.adaptive.predictor import Predictor
 
+PREFILL_UNIT = 1000.0  # the prefill rate is learned in seconds per this many tokens (its prior weight's unit)
 LENGTH_WINDOW = 256  # recent output lengths kept per segment
 REFILL_EVERY = 16  # observations between refreshes of a curve's fill (also refreshed by every freeze)
 # What ``export`` means: bump it whenever a number's unit or meaning changes, so that replicas of two versions
@@ -80,6 +81,8 @@ class Observation:
     template: str | None = None  # the request's system-prompt template id (gateway.features)
     content: Content | None = None  # the request's content features (gateway.adaptive.content)
     other_busy: float | None = None  # how busy the other pool was while it ran, 0..1 (other_busy_share; None: unknown)
+    # of the prompt, what the decision expected the pool's replica to hold (the prefix index; None: not read)
+    cached_tokens: int | None = None
 
 
 class Learner:
@@ -111,11 +114,16 @@ class Learner:
         ttft_offset = cell_of(state.ttft_offsets, prompt_bin(obs.prompt_tokens))
         u = load_position(obs.load)
         ttft = obs.ttft_s
+        held = obs.cached_tokens / PREFILL_UNIT if obs.cached_tokens else 0.0
         if ttft is not None:
-            error = _fit(state.ttft, ttft_offset, u, math.log(ttft), floor, cap)
+            # the prompt-size offsets learn the whole prompt's time: what a cached part saved is added back
+            whole = ttft
+            if obs.cached_tokens is not None:
+                whole += _prefill_saving(state, u, obs.prompt_tokens / PREFILL_UNIT, held, ttft)
+            error = _fit(state.ttft, ttft_offset, u, math.log(whole), floor, cap)
             state.ttft_var += floor * (error * error - state.ttft_var)
         else:  # a whole reply: take the first token's share from what the streams taught (none: nothing)
-            ttft = _known_ttft(state, ttft_offset, u, obs.total_s)
+            ttft = _known_ttft(state, ttft_offset, u, obs.total_s, held)
         deviation = None
         if obs.content is not None:
             deviation = self.predictor.deviation(obs.content)  # before it learns from this request
@@ -227,6 +235,8 @@ class Learner:
                 out[f"{pool}|slope|-|-"] = (state.slope.value(state.slope_prior), state.slope.dd)
             if state.acceptance_max > 0:
                 out[f"{pool}|amax|-|-"] = (state.acceptance_max, 1.0)
+            if state.prefill.spread > 0:
+                out[f"{pool}|prefill|-|-"] = (state.prefill.value(), state.prefill.spread)
         out.update(self.predictor.export())
         for seg, window in self._lengths.items():
             for q, value in enumerate(_quantiles(window)):
@@ -301,6 +311,10 @@ class Learner:
             slope.dd, slope.dt = dd, blended * (dd + SLOPE_PRIOR_WEIGHT) - SLOPE_PRIOR_WEIGHT * prior
         elif kind == "amax":
             state.acceptance_max = max(state.acceptance_max, value)
+        elif kind == "prefill":
+            prefill = state.prefill
+            blended, spread = _blend(prefill.value(), prefill.spread, value, weight)
+            prefill.take(blended, spread)
 
     def _absorb_variances(self, state: PoolState, entries: list[tuple[str, float, float]]) -> None:
         """Both residual variances blended against the pool's sample count as it was before this sync (the
@@ -358,13 +372,33 @@ def _log_tpot_offset(offset: Cell, mean_log_a: Cell) -> float:
     return offset.value if offset.weight > 0 else -mean_log_a.value
 
 
-def _known_ttft(state: PoolState, offset: Cell, u: float, total_s: float) -> float:
-    """The predicted first-token time at load position ``u`` (capped at half the total), or 0 with no stream
-    seen yet."""
+def _known_ttft(state: PoolState, offset: Cell, u: float, total_s: float, held: float = 0.0) -> float:
+    """The predicted first-token time at load position ``u`` (less what ``held`` thousand cached prompt tokens
+    save, capped at half the total), or 0 with no stream seen yet."""
     if not any(w > 0 for w in state.ttft.weights):
         return 0.0
     predicted = math.exp(state.ttft.predict(u, state.ttft.filled()) + offset.value * _shrink(offset))
+    if held:
+        rate = state.prefill.value()
+        predicted = max(predicted - max(rate, 0.0) * held, predicted / 10)
     return min(predicted, total_s / 2)
+
+
+def _prefill_saving(state: PoolState, u: float, prompt: float, held: float, ttft: float) -> float:
+    """What ``held`` thousand cached prompt tokens saved this request, by the pool's prefill rate as it was.
+    The rate then learns from the request: its first token's time over the load curve's (which takes the
+    queue's part) against the thousands of prompt tokens it was expected to prefill, ``prompt - held`` (a
+    :class:`Trend`: the intercept takes the curve's bias, the slope the time per uncached token).
+
+    Against the uncached tokens, not against those held: a conversation's later turns hold more and are
+    longer, so the time saved by what is held hides behind the time added by the longer prompt (on the
+    simulator's sessions a regression on what is held read a tenth of the rate); the uncached count carries
+    both."""
+    rate = state.prefill.value()
+    saved = rate * held if held and rate > 0 else 0.0
+    if any(w > 0 for w in state.ttft.weights):
+        state.prefill.step(prompt - held, ttft - math.exp(state.ttft.predict(u, state.ttft.filled())))
+    return saved
 
 
 def _blend(local: float, local_w: float, remote: float, remote_w: float) -> tuple[float, float]:
@@ -408,4 +442,5 @@ def _freeze_pool(state: PoolState) -> PoolModel:
         acceptance_max=state.acceptance_max,
         cross=state.cross.used,
         cross_fit=state.cross.last_fit,
+        prefill_rate=max(state.prefill.value(), 0.0) / PREFILL_UNIT,
     )

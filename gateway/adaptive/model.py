@@ -4,8 +4,9 @@ For each pool the model predicts a request's latency from its features and the p
 
     e2e  = ttft + (expected output tokens - 1) x tpot
     ttft = exp(ttft_curve(load) + ttft_offset[prompt size])          queue wait and prefill included;
-                                                                     the prompt the pool is expected to
-                                                                     prefill (its cached part left out)
+           - prefill_rate x cached tokens                            the prompt tokens the pool's replica
+                                                                     is expected to hold (prefix index),
+                                                                     down to a short prompt's at most
     tpot = exp(tpot_curve(load) + tpot_offset[segment]               segment = task (+ "/copy" cue)
                + slope x content + template_offset)                  content: the request's own deviation
 
@@ -120,6 +121,7 @@ class PoolModel:
     acceptance_max: float = 0.0  # the largest acceptance length reported (k + 1 at most: the draft length's floor)
     cross: float = 0.0  # log tpot when the other pool is busy (gateway.adaptive.model.busy): shared hardware; else 0
     cross_fit: tuple[float, float, float] | None = None  # what it was read from: estimate, its standard error, spread
+    prefill_rate: float = 0.0  # seconds of the first token's time a prompt token held in the prefix cache saves
     # derived in __post_init__ (a model is built every model refresh, read by every request)
     has_ttft: bool = field(init=False, default=False)  # a stream was seen: the first token's time is known
     ttft_shift: Mapping[int, float] = field(init=False, default_factory=dict)  # shrunk offsets by prompt bin
@@ -195,6 +197,9 @@ class Prediction:
     sigma: float  # log-space half-width of the interval, before Z
     samples: float  # weight behind the least-known part of the prediction
     cost_s: float  # the objective plus the delay this request adds to the others on the pool
+    # what one more request on the pool adds to this one's time (its tokens x the load curve's secant), in
+    # seconds: with the prefill rate, the exchange between a replica's load and its cache (gateway.pools)
+    per_request_s: float = 0.0
 
     @property
     def low_s(self) -> float:  # the ~90 % interval of the objective's value
@@ -278,7 +283,7 @@ class LatencyModel:
     def predict(
         self, pool: str, segment: str, prompt_tokens: int, max_tokens: int, load: float, objective: str = "e2e",
         externality: float = 1.0, tokens: tuple[float, float] | None = None, template: str | None = None,
-        content: float = 0.0, log_acceptance: float | None = None, other_load: float = 0.0,
+        content: float = 0.0, log_acceptance: float | None = None, other_load: float = 0.0, cached: int = 0,
     ) -> Prediction | None:  # fmt: skip
         """The pool's predicted latency for one request at ``load``, or None for a pool never observed.
         ``tokens``: :meth:`expected_tokens` for the request, when the caller has it already (both pools').
@@ -287,7 +292,9 @@ class LatencyModel:
         its segment's (times the pool's slope). ``log_acceptance``: the request's true log acceptance length,
         when known: on a pool that reports acceptance it replaces the segment's, template's and content's.
         ``other_load``: the other pool's load, read through this pool's cross term (0 on separate hardware) and
-        the other pool's (what this request adds to the delay of the requests there)."""
+        the other pool's (what this request adds to the delay of the requests there). ``cached``: the prompt
+        tokens the pool's replica is expected to hold (the prefix index): each saves the pool's learned prefill
+        rate of the whole prompt's first-token time, down to a short prompt's at most."""
         found = self.pools.get(pool)
         if found is None:
             return None
@@ -329,9 +336,15 @@ class LatencyModel:
             ttft_log = ttft_curve.values[i] * g + ttft_curve.values[i + 1] * f
             prompt = 0 if prompt_tokens < _BIN1 else 1 if prompt_tokens < _BIN2 else 2 if prompt_tokens < _BIN3 else 3
             ttft = math.exp(ttft_log + found.ttft_shift.get(prompt, 0.0))
+            if cached > 0 and found.prefill_rate > 0:  # the cached part is not prefilled again
+                least = math.exp(ttft_log + found.ttft_shift.get(0, 0.0))  # a short prompt's first token
+                if least < ttft:
+                    saved = ttft - found.prefill_rate * cached
+                    ttft = saved if saved > least else least
         else:  # no stream seen: the whole time is in the per-token part
             ttft, ttft_w = 0.0, 0.0
         e2e = ttft + (expected - 1.0 if expected > 2.0 else 1.0) * tpot
+        per_request = 0.0
         if objective == "ttft":
             value, var, weight = ttft, found.ttft_var, ttft_w
             cost, samples = ttft, ttft_w
@@ -341,7 +354,8 @@ class LatencyModel:
             # the others on the pool each run about `expected` steps slower by what one more request adds
             slopes = found.added_slope
             slope = slopes[i] * g + slopes[i + 1] * f
-            cost = e2e + slope * exp_shift * expected * load * externality
+            per_request = slope * exp_shift * expected
+            cost = e2e + per_request * load * externality
             if self.other_cross and load < 1.0 and other_load > 0:
                 # each request on the other pool runs slower, by its cross term times what this request adds to
                 # this pool's busyness (from idle: all of it), for as long as this one runs
@@ -349,4 +363,4 @@ class LatencyModel:
                 cost += other_cross * (busy(load + 1.0) - busy(load)) * other_load * e2e * externality
             samples = min(tpot_w, seg_weight, token_samples)
         sigma = math.sqrt(var * (1.0 / (weight + 1.0) + 1.0 / (found.samples + 1.0)))
-        return Prediction(pool, ttft, e2e, tpot, expected, load, value, sigma, samples, cost)
+        return Prediction(pool, ttft, e2e, tpot, expected, load, value, sigma, samples, cost, per_request)

@@ -52,11 +52,11 @@ LENGTH_STEPS = 20
 def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> tuple[Prediction, ...]:
     """Both pools' predictions for this request (empty for a pool the model has never seen).
 
-    Each pool's prediction reads the prompt it is expected to prefill: all of it, less what the pool's chosen
-    replica is expected to hold where the gateway saw that (``features.cached_tokens``, the prefix index), so
-    leaving the pool that holds a conversation's history costs its re-prefill (the time to first token's
-    offset for the larger prompt, as the pool taught it). Memoized on the model by everything they depend on:
-    the request's segment, template, prompt bin (each pool's, where cached tokens are known),
+    Each pool's prediction reads the whole prompt and what the pool's chosen replica is expected to hold of it
+    where the gateway saw that (``features.cached_tokens``, the prefix index), each held token saving the
+    pool's learned prefill rate, so leaving the pool that holds a conversation's history costs its re-prefill.
+    Memoized on the model by everything they depend on: the request's segment, template, prompt bin (and
+    each pool's cached tokens, where known),
     ``max_tokens`` and ``n``, its predicted acceptance and length deviations (in steps: the predictions use
     the stepped values) or what is known of it, the objective, the externality and both pools' loads. The
     model is immutable, so a remembered answer is the one :meth:`LatencyModel.predict` would give again."""
@@ -68,11 +68,11 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
     prompt = features.prompt_tokens
     size: object = 0 if prompt < _BIN1 else 1 if prompt < _BIN2 else 2 if prompt < _BIN3 else 3
     cached = features.cached_tokens
-    if cached is not None:  # a prompt each pool is expected to hold part of (the prefix index): what it prefills
-        prompts = [prompt - cached.get(name, 0) for name in POOL_NAMES]
-        size = tuple(0 if p < _BIN1 else 1 if p < _BIN2 else 2 if p < _BIN3 else 3 for p in prompts)
+    if cached is not None:  # a prompt each pool is expected to hold part of (the prefix index)
+        held = [cached.get(name, 0) for name in POOL_NAMES]
+        size = (size, *held)
     else:
-        prompts = [prompt] * len(POOL_NAMES)
+        held = [0] * len(POOL_NAMES)
     loads = [pool_load(snapshot, name) + extra for name in POOL_NAMES]
     known = None if features.known is None else _known(features, snapshot, model)
     if known is None:
@@ -101,10 +101,10 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
         tokens = (float(min(output, features.max_tokens)), math.inf)
         shift = 0.0
     out = []
-    for name, load, other_load, uncached in zip(POOL_NAMES, loads, loads[::-1], prompts, strict=True):
+    for name, load, other_load, cached_here in zip(POOL_NAMES, loads, loads[::-1], held, strict=True):
         prediction = model.predict(
-            name, segment, uncached, features.max_tokens, load, objective, externality, tokens, template, shift,
-            log_acceptance, other_load,
+            name, segment, prompt, features.max_tokens, load, objective, externality, tokens, template, shift,
+            log_acceptance, other_load, cached_here,
         )  # fmt: skip
         if prediction is not None:
             out.append(prediction)
@@ -227,8 +227,9 @@ def _one_device(
     best, best_cost = None, min(p.cost_s for p in preds)
     for prediction in preds:
         alone = model.predict(
-            prediction.pool, segment, features.uncached_tokens(prediction.pool), features.max_tokens, total, objective,
+            prediction.pool, segment, features.prompt_tokens, features.max_tokens, total, objective,
             rules.adaptive.externality, (prediction.output_tokens, math.inf), template,
+            cached=features.cached_on(prediction.pool),
         )  # fmt: skip
         if alone is not None and alone.cost_s < best_cost:
             best, best_cost = prediction.pool, alone.cost_s

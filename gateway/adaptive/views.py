@@ -76,6 +76,8 @@ def _pool_view(pool: PoolModel, now_s: float) -> dict[str, Any]:
             seg: {"mean": round(off.value, 3), "samples": round(off.weight, 1)}
             for seg, off in sorted(pool.acceptance.items())
         },
+        # seconds of the first token's time a thousand prompt tokens held in the replica's prefix cache save
+        "ttft_saved_s_per_1k_cached_tokens": round(pool.prefill_rate * 1000.0, 4),
         "residual_sigma": {"ttft": round(math.sqrt(pool.ttft_var), 3), "tpot": round(math.sqrt(pool.tpot_var), 3)},
         "templates": _templates_view(pool),
         # log tpot per unit of a request's predicted log acceptance length over its segment's (about -1 where

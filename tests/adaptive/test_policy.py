@@ -10,8 +10,9 @@ import pytest
 from gateway.adaptive.learner import Learner, Observation
 from gateway.adaptive.model import LatencyModel
 from gateway.adaptive.policy import MEMO_LIMIT, predictions, unseen_share
-from gateway.decide import decide
+from gateway.decide import decide, replica_worth
 from gateway.features import RequestFeatures
+from gateway.pools import request_blocks
 from gateway.rules import default_rules, parse_rules
 from gateway.snapshot import SPECULATIVE, STANDARD, PoolSnapshot, Snapshot, other_pool, pool_load
 
@@ -332,16 +333,38 @@ def test_on_one_device_a_split_gives_way_to_the_pool_best_alone() -> None:
 # -- the prompt each pool is expected to prefill (features.cached_tokens, from the prefix index) ----------------
 
 
-def trained_by_prompt(spec_tpot: float, std_tpot: float, samples: int = 200) -> LatencyModel:
-    """Both pools: a 100-token prompt's first token after 20 ms, a 3,000-token prompt's after 300 ms (prefill)."""
+def trained_by_prompt(spec_tpot: float, std_tpot: float, samples: int = 200, cached: bool = True) -> LatencyModel:
+    """Both pools: the first token after 10 ms plus 0.1 ms per prompt token left to prefill (100 tokens: 20 ms;
+    3,000: 310 ms). With ``cached``, the gateway read the expected hit (prefix index) for every request, and
+    3,000-token prompts held 0, 1,000 or 2,900 tokens: each pool learns its prefill rate from them."""
     learner = Learner()
     rng = random.Random(0)
     for _ in range(samples):
         for pool, tpot in (("speculative", spec_tpot), ("standard", std_tpot)):
-            for prompt, ttft in ((100, 0.02), (3000, 0.3)):
+            for prompt, held in ((100, 0), (3000, 0), (3000, 1000), (3000, 2900)):
+                if held and not cached:
+                    continue
+                ttft = 0.01 + 0.0001 * (prompt - held)
                 load = rng.randint(0, 4)
-                learner.observe(Observation(pool, "chat", prompt, load, ttft, ttft + 199 * tpot, 200, at_s=1.0))
+                learner.observe(Observation(
+                    pool, "chat", prompt, load, ttft, ttft + 199 * tpot, 200, at_s=1.0,
+                    cached_tokens=held if cached else None,
+                ))  # fmt: skip
     return learner.model(1.0)
+
+
+def test_each_pool_learns_what_a_cached_prompt_token_saves_and_nothing_without_the_index() -> None:
+    model = trained_by_prompt(0.020, 0.021)
+    for pool in (STANDARD, SPECULATIVE):
+        assert model.pools[pool].prefill_rate == pytest.approx(0.0001, rel=0.25)
+        whole = model.predict(pool, "chat", 3000, 256, 0)
+        held = model.predict(pool, "chat", 3000, 256, 0, cached=2900)
+        least = model.predict(pool, "chat", 100, 256, 0)
+        assert whole is not None and held is not None and least is not None
+        assert whole.ttft_s == pytest.approx(0.31, rel=0.3) and held.ttft_s < whole.ttft_s / 5
+        assert held.ttft_s >= least.ttft_s  # never below a short prompt's first token
+    blind = trained_by_prompt(0.020, 0.021, cached=False)
+    assert all(pool.prefill_rate == 0.0 for pool in blind.pools.values())
 
 
 def long_prompt(draw: float = 0.5, **extra: object) -> RequestFeatures:
@@ -383,6 +406,38 @@ def test_without_cached_tokens_or_with_none_cached_every_decision_is_as_before()
 def test_remembered_predictions_are_told_apart_by_each_pools_uncached_prompt() -> None:
     model = trained_by_prompt(0.020, 0.021)
     snapshot = snap(model)
+    assert model.pools[STANDARD].prefill_rate > 0
     blind = predictions(long_prompt(), snapshot, RULES)
     held = predictions(long_prompt(cached_tokens={STANDARD: 2900, SPECULATIVE: 0}), snapshot, RULES)
     assert blind != held and predictions(long_prompt(), snapshot, RULES) is blind  # each its own memo entry
+
+
+def test_the_replica_choice_is_priced_by_the_model_the_decision_read() -> None:
+    """``replica_worth``: None without blocks or before the pool has a prefill rate; else the delay one more
+    request adds to this one (its prediction) against a block's prefill, as gateway.pools.request_blocks."""
+    model = trained_by_prompt(0.020, 0.021)
+    snapshot = snap(model, spec_running=4, std_running=4)
+    blocks = tuple(range(1, 11))  # ten 512-byte blocks
+    request = long_prompt(blocks=blocks, prefix_bytes=5120)
+    decision = decide(request, snapshot, RULES)
+    predicted = decision.predicted
+    assert predicted is not None and predicted.per_request_s > 0
+    expected = request_blocks(predicted.per_request_s, model.pools[decision.pool].prefill_rate, 2, 3000, 5120)
+    assert replica_worth(decision, request, snapshot, RULES, 2) == pytest.approx(expected)
+    assert replica_worth(decide(long_prompt(), snapshot, RULES), long_prompt(), snapshot, RULES, 2) is None
+    blind = snap(trained_by_prompt(0.020, 0.021, cached=False), spec_running=4, std_running=4)
+    assert replica_worth(decide(request, blind, RULES), request, blind, RULES, 2) is None
+
+
+def test_a_fresh_learner_takes_the_prefill_rate_the_others_learned() -> None:
+    learner = Learner()
+    for pool, tpot in (("speculative", 0.020), ("standard", 0.021)):
+        for i in range(200):
+            held = (0, 1000, 2900)[i % 3]
+            ttft = 0.01 + 0.0001 * (3000 - held)
+            learner.observe(Observation(pool, "chat", 3000, i % 4, ttft, ttft + 199 * tpot, 200, cached_tokens=held))
+    exported = learner.export()
+    assert exported["standard|prefill|-|-"][0] == pytest.approx(0.1, rel=0.25)  # seconds per 1,000 tokens
+    fresh = Learner()
+    fresh.absorb(exported)
+    assert fresh.model().pools["standard"].prefill_rate == pytest.approx(learner.model().pools["standard"].prefill_rate)

@@ -158,18 +158,18 @@ def test_the_rules_declaration_of_one_device_reaches_the_learner_and_a_reload_ta
     assert state.learner.shared_device is False
 
 
-def test_a_prompt_the_decision_read_as_cached_is_learned_as_the_part_left_to_prefill() -> None:
-    """The time to first token's prompt-size offset is learned against what the decision expected the pool to
-    prefill (the prompt less its cached tokens there): what the prediction reads. Without cached tokens: all."""
+def test_a_prompt_the_decision_read_as_cached_is_learned_with_what_the_pool_was_expected_to_hold() -> None:
+    """The whole prompt and, per pool, the tokens the decision expected its replica to hold (what the pool's
+    prefill rate learns from); None where the gateway did not read the index for the request."""
     state = _state()
     features = RequestFeatures("m", 256, 3000, "chat", True, 1, None, {}, cached_tokens={"standard": 2900,
                                                                                         "speculative": 0})
-    for pool, expected in (("standard", 100), ("speculative", 3000)):
+    for pool, expected in (("standard", 2900), ("speculative", 0)):
         state.learn(features, Decision(pool, "fastest", "learned", learning=True), 0.05, 1.0, 100, "e2e")
-        assert state._pending[-1].prompt_tokens == expected
+        assert (state._pending[-1].prompt_tokens, state._pending[-1].cached_tokens) == (3000, expected)
     state.learn(dataclasses.replace(features, cached_tokens=None), Decision("standard", "fastest", "learned",
                 learning=True), 0.05, 1.0, 100, "e2e")  # fmt: skip
-    assert state._pending[-1].prompt_tokens == 3000
+    assert (state._pending[-1].prompt_tokens, state._pending[-1].cached_tokens) == (3000, None)
 
 
 def test_the_cache_is_read_for_the_decision_only_for_a_request_with_blocks() -> None:

@@ -34,6 +34,7 @@ from gateway.adaptive.policy import is_warm, predictions
 from gateway.adaptive.views import model_view, prediction_view
 from gateway.auth import require_admin, require_key
 from gateway.config import Settings
+from gateway.decide import Decision
 from gateway.errors import (
     AuthenticationError,
     BodyTooLarge,
@@ -203,7 +204,7 @@ def create_app(
             "predictions": [prediction_view(p, objective) for p in predictions(features, snapshot, rules)],
             "model": {"warm": is_warm(snapshot, rules.adaptive), "observations": state.learner.observations},
             "features": {f.name: getattr(features, f.name) for f in fields(features) if f.name not in _UNSHOWN},
-            "prefix": prefix_view(state, features),
+            "prefix": prefix_view(state, features, decision),
             "snapshot": {
                 "qps": snapshot.qps,
                 "qps_source": snapshot.qps_source,
@@ -226,16 +227,19 @@ def create_app(
     return SpecgateApp(state, api, routes, PassthroughRoute(state, owners))
 
 
-def prefix_view(state: GatewayState, features: RequestFeatures) -> dict[str, Any]:
+def prefix_view(state: GatewayState, features: RequestFeatures, decision: Decision) -> dict[str, Any]:
     """What the prefix index expects of the request: its blocks read, its session key, per pool the prompt tokens
-    the decision read as cached there, and per pool each replica's expected hit and whether its load lets it win
-    on it (``gateway/pools.py``'s rule)."""
+    the decision read as cached there, per pool each replica's expected hit and whether its load lets it win
+    on it (``gateway/pools.py``'s rule), and what one more request in flight on a replica of the chosen pool is
+    worth in cached blocks (``gateway.pools.request_blocks``; None: the fixed slack alone decides)."""
     blocks = features.blocks
+    worth = state.replica_worth(features, decision) if blocks else None
     return {
         "on": state.ruleset.classifier.prefixes is not None,
         "blocks": len(blocks),
         "session": features.session,
         "cached_tokens": features.cached_tokens,
+        "request_worth_blocks": None if worth is None else round(worth, 2),
         "pools": state.pools.expected_hits(blocks),
     }
 

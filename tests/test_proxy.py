@@ -283,6 +283,7 @@ def test_explain_shows_the_expected_prefix_hit_per_replica(gateway: StartGateway
         gw.settled(1)
         after = client.post("/v1/route/explain", json=body).json()
     assert before["on"] and before["blocks"] >= 4 and before["session"].startswith("p:")
+    assert before["request_worth_blocks"] is None  # no model yet: the fixed slack alone prices affinity
     assert all(r["expected_hit_blocks"] == 0 for rows in before["pools"].values() for r in rows)
     hits = [r["expected_hit_blocks"] for r in after["prefix"]["pools"][pool]]
     assert sorted(hits) == [0, before["blocks"]] and after["prefix"]["pools"][pool][0]["affinity_eligible"]

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 import httpx
 
@@ -187,20 +187,18 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
         os.killpg(process.pid, sig)
 
 
-@dataclass
-class CpuPair:
-    """The plain and the n-gram CPU pools, started in parallel and stopped together."""
+class _ServerGroup:
+    """Servers started in parallel (all processes first, then waiting for each: loading overlaps) and stopped
+    together."""
 
-    standard: CpuServer
-    speculative: CpuServer
     startup_s: float = 0.0
 
     @property
-    def servers(self) -> tuple[CpuServer, CpuServer]:
-        return self.standard, self.speculative
+    def servers(self) -> tuple[CpuServer, ...]:
+        raise NotImplementedError
 
-    def start(self, timeout_s: float = 240.0) -> CpuPair:
-        """Start both processes first, then wait for both: loading overlaps. Stops both on failure."""
+    def start(self, timeout_s: float = 240.0) -> Self:
+        """Start every process, then wait for each to answer /health. Stops all on failure."""
         started = time.monotonic()
         try:
             for server in self.servers:
@@ -219,6 +217,31 @@ class CpuPair:
 
     def all_running(self) -> bool:
         return all(s.process is not None and s.process.poll() is None for s in self.servers)
+
+
+@dataclass
+class CpuPair(_ServerGroup):
+    """The plain and the n-gram CPU pools, one replica each."""
+
+    standard: CpuServer
+    speculative: CpuServer
+    startup_s: float = 0.0
+
+    @property
+    def servers(self) -> tuple[CpuServer, CpuServer]:
+        return self.standard, self.speculative
+
+
+@dataclass
+class CpuFleet(_ServerGroup):
+    """The plain and the n-gram CPU pools with any number of replicas each."""
+
+    pools: dict[str, tuple[CpuServer, ...]]  # pool name -> its replicas
+    startup_s: float = 0.0
+
+    @property
+    def servers(self) -> tuple[CpuServer, ...]:
+        return tuple(server for replicas in self.pools.values() for server in replicas)
 
 
 def split_cpus(cpus: Iterable[int], parts: int = 2) -> list[tuple[int, ...]]:
@@ -249,3 +272,18 @@ def cpu_pair(engine: CpuEngine, manifests: tuple[PoolManifest, PoolManifest], po
     standard, speculative = (CpuServer(engine, m, port, log_dir / f"{m.pool}.log", cpus)
                              for m, port, cpus in zip(manifests, ports, halves, strict=True))
     return CpuPair(standard, speculative)
+
+
+def cpu_fleet(
+    engine: CpuEngine, manifests: tuple[PoolManifest, PoolManifest], replicas: int, log_dir: Path
+) -> CpuFleet:
+    """Like :func:`cpu_pair`, with ``replicas`` servers per pool: a pool's replicas share its half of the CPUs
+    (as replicas that share a pool's hardware would), replica *i* on the manifest's port + 2 *i* (the pair's
+    ports are 8101 and 8102, so the plain pool's replicas take odd ports and the n-gram pool's even ones)."""
+    halves = split_cpus(os.sched_getaffinity(0))
+    pools: dict[str, tuple[CpuServer, ...]] = {
+        m.pool: tuple(CpuServer(engine, m, m.port + 2 * i, log_dir / f"{m.pool}-{i}.log", cpus)
+                      for i in range(replicas))
+        for m, cpus in zip(manifests, halves, strict=True)
+    }  # fmt: skip
+    return CpuFleet(pools)

@@ -3,7 +3,7 @@
     specgate backends render POOL [--format argv|shell|compose|helm-values] [--vllm-version X] [--cpu]
     specgate backends check [--rules FILE] [--cpu | --pools-dir DIR]
     specgate backends launch POOL [--cpu] [--vllm-version X] [--port N]
-    specgate backends launch --cpu          # both CPU pools on loopback until Ctrl-C
+    specgate backends launch --cpu [--replicas N]   # both CPU pools (N replicas each) on loopback until Ctrl-C
 
 POOL is ``standard``, ``speculative`` or a manifest path.
 """
@@ -23,7 +23,16 @@ from typing import Any
 import yaml
 
 from backends.consistency import Finding, FindingLevel, check_against_rules, check_pair
-from backends.cpu_engine import CpuEngine, EngineNotReady, ServerFailed, cpu_pair, default_cache_dir
+from backends.cpu_engine import (
+    CpuEngine,
+    CpuFleet,
+    CpuPair,
+    EngineNotReady,
+    ServerFailed,
+    cpu_fleet,
+    cpu_pair,
+    default_cache_dir,
+)
 from backends.manifest import (
     CPU_POOLS_DIR,
     POOLS_DIR,
@@ -71,6 +80,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     launch.add_argument("--cpu", action="store_true", help="run on this machine's CPU engine (loopback only)")
     launch.add_argument("--vllm-version", default=DEFAULT_VLLM_VERSION)
     launch.add_argument("--port", type=int, help="override the manifest's port (single pool only)")
+    launch.add_argument("--replicas", type=int, default=1, help="with --cpu alone: replicas per pool (replica i on "
+                        "the manifest's port + 2i, a pool's replicas sharing its half of the CPUs)")
     launch.set_defaults(func=run_launch)
 
 
@@ -168,7 +179,11 @@ def run_launch(args: argparse.Namespace) -> int:
     if args.pool is None:
         if not args.cpu:
             return _fail("name a pool, or use --cpu alone to bring up both CPU pools", code=2)
-        return launch_cpu_pair(CpuEngine(default_cache_dir()))
+        if args.replicas < 1:
+            return _fail("--replicas must be at least 1", code=2)
+        return launch_cpu_pair(CpuEngine(default_cache_dir()), args.replicas)
+    if args.replicas != 1:
+        return _fail("--replicas goes with --cpu alone (both CPU pools)", code=2)
     try:
         manifest = _load(args.pool, args.cpu)
         if args.port is not None:
@@ -194,8 +209,9 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def launch_cpu_pair(engine: CpuEngine) -> int:
-    """Start both CPU pools on loopback, wait for /health, then hold until Ctrl-C and stop them."""
+def launch_cpu_pair(engine: CpuEngine, replicas: int = 1) -> int:
+    """Start both CPU pools (``replicas`` servers each) on loopback, wait for /health, then hold until Ctrl-C and
+    stop them."""
     try:
         manifests = (_load("standard", cpu=True), _load("speculative", cpu=True))
     except ManifestError as exc:
@@ -203,7 +219,10 @@ def launch_cpu_pair(engine: CpuEngine) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="specgate-cpu-pools-"))
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even when started with SIGINT ignored
     signal.signal(signal.SIGTERM, _interrupt)
-    pair = cpu_pair(engine, manifests, (manifests[0].port, manifests[1].port), log_dir)
+    pair: CpuPair | CpuFleet = (
+        cpu_pair(engine, manifests, (manifests[0].port, manifests[1].port), log_dir) if replicas == 1
+        else cpu_fleet(engine, manifests, replicas, log_dir)
+    )  # fmt: skip
     try:
         pair.start()
         for server in pair.servers:
@@ -212,7 +231,8 @@ def launch_cpu_pair(engine: CpuEngine) -> int:
                 f"log {server.log_path})",
                 flush=True,
             )
-        print(f"both pools healthy after {pair.startup_s:.1f} s; Ctrl-C stops them", flush=True)
+        print(f"both pools ({replicas} replica(s) each) healthy after {pair.startup_s:.1f} s; Ctrl-C stops them",
+              flush=True)  # fmt: skip
         while pair.all_running():
             time.sleep(1.0)
         return _fail(f"a pool server exited; logs in {log_dir}")

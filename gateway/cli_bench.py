@@ -93,8 +93,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "sessions", help="multi-turn conversations through the gateway to two real pools: pinned, cache-blind, "
         "cache-aware (TTFT of later turns, the engines' prefix-cache hit rate)",
     )  # fmt: skip
-    sessions.add_argument("--standard", required=True, help="standard pool URL (e.g. `specgate backends launch --cpu`)")
-    sessions.add_argument("--speculative", required=True, help="speculative pool URL")
+    sessions.add_argument("--standard", required=True, action="append", help="standard pool URL (e.g. `specgate "
+                          "backends launch --cpu`); repeat it once per replica")
+    sessions.add_argument("--speculative", required=True, action="append", help="speculative pool URL (repeatable)")
     sessions.add_argument("--sessions", type=Path, action="append", help="session file or directory (repeatable; "
                           "default: the shipped backends/workloads/sessions)")  # fmt: skip
     sessions.add_argument("--sessions-per-file", type=int, default=3, help="the first N sessions of each file")
@@ -208,7 +209,8 @@ def run_sessions(args: argparse.Namespace) -> int:
     except (WorkloadError, OSError) as exc:
         raise SystemExit(f"specgate bench sessions: {exc}") from exc
     config = sessions.SessionsConfig(
-        args.standard.rstrip("/"), args.speculative.rstrip("/"), conversations, concurrency=args.concurrency,
+        [url.rstrip("/") for url in args.standard], [url.rstrip("/") for url in args.speculative], conversations,
+        concurrency=args.concurrency,
         max_tokens=args.max_tokens, think_time_s=args.think_time, repeat=args.repeat, min_samples=args.min_samples,
     )  # fmt: skip
     result = sessions.bench_sessions(config)

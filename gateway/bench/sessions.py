@@ -19,7 +19,10 @@ first token is the client's, through the gateway, to the first content (or, for 
 - ``cache-blind``: the adaptive policy (the shipped rules) in a gateway with ``prefix_index=off``.
 - ``cache-aware``: the same rules in a gateway with ``prefix_index=on``: every request's prefix blocks are read
   and the replica (and, where the policy reads the index, the pool) is chosen by where the prefix is likely
-  cached. With one replica per pool, as the CPU pair has, only a pool choice that reads the index can differ.
+  cached. With one replica per pool, as the CPU pair has by default, only a pool choice that reads the index can
+  differ; with several (``--standard`` and ``--speculative`` repeated, e.g. ``specgate backends launch --cpu
+  --replicas 2``) the cache-blind gateway spreads a conversation's turns over its pool's replicas by power of
+  two choices on booked tokens, and the cache-aware one sends them where its history is likely cached.
 
 Before the first phase, one short unmeasured request goes straight to each pool (:func:`warm_up`). With
 ``repeat`` > 1 the order reverses every other pass (``route.phase_orders``), so that a machine that slows down
@@ -39,7 +42,8 @@ price: a dozen more prompt tokens per request, the same in every phase, and earl
 engines' caches until evicted, oldest first (46,592 tokens of KV per CPU engine; a phase of 9 conversations of up
 to 4 turns queried ~17,000 tokens of one engine).
 
-**The engines' own hit rate.** Each pool's ``/metrics`` is read before and after each phase run:
+**The engines' own hit rate.** Each replica's ``/metrics`` is read before and after each phase run (a pool's
+counters are its replicas' summed):
 ``vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`` over the run (tokens, vLLM's own counters;
 the CPU engine caches in blocks of 128 tokens, so a prompt's tail under one block is never a hit).
 The tables and the JSON are ``sessions_report``'s.
@@ -84,8 +88,8 @@ class Conversation:
 
 @dataclass(frozen=True)
 class SessionsConfig:
-    standard_url: str
-    speculative_url: str
+    standard_urls: Sequence[str]  # the pool's replicas (one URL each)
+    speculative_urls: Sequence[str]
     conversations: Sequence[Conversation]
     concurrency: int = 4  # conversations in flight at once
     max_tokens: int = 64
@@ -300,21 +304,30 @@ async def drive(
 ) -> None:
     """The phases of every pass against the running gateways (cache-blind, cache-aware), the engines' prefix-cache
     counters read around each run."""
-    pools = {"standard": config.standard_url, "speculative": config.speculative_url}
+    pools = {"standard": tuple(config.standard_urls), "speculative": tuple(config.speculative_urls)}
     async with httpx.AsyncClient(timeout=config.timeout_s) as client:
-        model = config.model or (await client.get(f"{config.standard_url}/v1/models")).json()["data"][0]["id"]
+        first = config.standard_urls[0]
+        model = config.model or (await client.get(f"{first}/v1/models")).json()["data"][0]["id"]
         result.model = model
-        await warm_up(client, pools.values(), model, salted(nonce(), None))
+        await warm_up(client, [url for urls in pools.values() for url in urls], model, salted(nonce(), None))
         for round_, order in enumerate(phase_orders(config.repeat, PHASES)):
             for phase in order:
                 salt = nonce()
-                before = {name: await read_cache(client, url) for name, url in pools.items()}
+                before = {name: await read_pool_cache(client, urls) for name, urls in pools.items()}
                 started = time.perf_counter()
                 outcomes = await run_phase(client, gateways, phase, salt, model, config)
                 seconds = time.perf_counter() - started
-                after = {name: await read_cache(client, url) for name, url in pools.items()}
+                after = {name: await read_pool_cache(client, urls) for name, urls in pools.items()}
                 cache = {name: _rise(before[name], after[name]) for name in pools}
                 result.runs.append(PhaseRun(phase, round_, salt, seconds, outcomes, cache))
+
+
+async def read_pool_cache(client: httpx.AsyncClient, urls: Iterable[str]) -> CacheCounters | None:
+    """A pool's prefix-cache counters: its replicas' summed (None: any replica's unreadable)."""
+    counters = [await read_cache(client, url) for url in urls]
+    if any(c is None for c in counters):
+        return None
+    return CacheCounters(sum(c.queries for c in counters if c), sum(c.hits for c in counters if c))
 
 
 def _rise(before: CacheCounters | None, after: CacheCounters | None) -> CacheCounters | None:
@@ -324,7 +337,7 @@ def _rise(before: CacheCounters | None, after: CacheCounters | None) -> CacheCou
 def _gateway(config: SessionsConfig, rules: Path, prefix_index: str) -> ThreadServer:
     settings = Settings(
         _env_file=None,
-        standard_urls=[config.standard_url], speculative_urls=[config.speculative_url], rules_file=rules,
+        standard_urls=list(config.standard_urls), speculative_urls=list(config.speculative_urls), rules_file=rules,
         reload_rules=False, first_byte_timeout_s=config.timeout_s, idle_timeout_s=config.timeout_s,
         health_timeout_s=config.health_timeout_s,  # a busy CPU engine answers /health late (route.py)
         prefix_index=prefix_index,

@@ -95,6 +95,13 @@ def test_launch_needs_a_pool_unless_cpu(capsys: pytest.CaptureFixture[str]) -> N
     assert code == 2 and "use --cpu alone" in err
 
 
+def test_launch_replicas_go_with_both_cpu_pools_only(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["backends", "launch", "standard", "--cpu", "--replicas", "2"], capsys)
+    assert code == 2 and "--replicas goes with --cpu alone" in err
+    code, _, err = run(["backends", "launch", "--cpu", "--replicas", "0"], capsys)
+    assert code == 2 and "at least 1" in err
+
+
 def test_launch_execs_the_rendered_argv(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     execs: list[tuple[str, list[str], dict[str, str]]] = []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from backends.cpu_engine import OMP_BIND, CpuEngine, cpu_pair, default_cache_dir, split_cpus
+from backends.cpu_engine import OMP_BIND, CpuEngine, cpu_fleet, cpu_pair, default_cache_dir, split_cpus
 from backends.manifest import load_manifest, pool_path
 
 
@@ -67,3 +67,15 @@ def test_a_cpu_pair_puts_the_two_pools_on_different_cpus(tmp_path: Path) -> None
         assert pair.standard.cpus and pair.speculative.cpus
         assert not set(pair.standard.cpus) & set(pair.speculative.cpus)
         assert set(pair.standard.cpus) | set(pair.speculative.cpus) == available
+
+
+def test_a_cpu_fleet_gives_each_pool_its_replicas_on_its_own_ports_and_cpus(tmp_path: Path) -> None:
+    manifests = (load_manifest(pool_path("standard", cpu=True)), load_manifest(pool_path("speculative", cpu=True)))
+    fleet = cpu_fleet(CpuEngine(tmp_path), manifests, 2, tmp_path)
+    standard, speculative = fleet.pools["standard"], fleet.pools["speculative"]
+    assert [s.port for s in standard] == [manifests[0].port, manifests[0].port + 2]
+    assert [s.port for s in speculative] == [manifests[1].port, manifests[1].port + 2]
+    assert len({s.port for s in fleet.servers}) == 4 and len({s.log_path for s in fleet.servers}) == 4
+    assert standard[0].cpus == standard[1].cpus and speculative[0].cpus == speculative[1].cpus
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert not set(standard[0].cpus) & set(speculative[0].cpus)

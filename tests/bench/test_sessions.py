@@ -156,7 +156,7 @@ def test_conversations_resend_the_answers_the_engines_returned(
 ) -> None:
     standard, speculative, standard_url, speculative_url = engines
     nonces = iter(f"nonce{i}" for i in range(100))
-    config = SessionsConfig(standard_url, speculative_url, CONVERSATIONS, concurrency=2, max_tokens=8,
+    config = SessionsConfig([standard_url], [speculative_url], CONVERSATIONS, concurrency=2, max_tokens=8,
                             think_time_s=0.01, repeat=2, min_samples=2, health_timeout_s=2.0)  # fmt: skip
     result = bench_sessions(config, nonce=lambda: next(nonces))
     assert result.errors() == 0 and result.model == "echo-model"
@@ -193,6 +193,46 @@ def test_conversations_resend_the_answers_the_engines_returned(
     assert "specgate bench sessions" in printed and "cache-aware / cache-blind" in printed
     data = json.loads(orjson.dumps(to_json(result)))
     assert set(data["phases"]) == set(PHASES) and len(data["outcomes"]) == 48
+
+
+def test_with_two_replicas_a_pool_counts_both_and_the_cache_aware_gateway_keeps_each_conversation_on_one() -> None:
+    replicas = {pool: [EchoEngine(f"{pool}-{i}") for i in range(2)] for pool in ("standard", "speculative")}
+    # distinct first messages of several 512-byte blocks: each conversation's prefix is its own from turn 1
+    conversations = [
+        Conversation(name, "chat", "You help.", tuple(("user", f"{name} {turn} " + f"{name}{turn} words " * 120)
+                                                      for turn in range(3)))
+        for name in ("p", "q", "r", "s")
+    ]  # fmt: skip
+    nonces = iter(f"nonce{i}" for i in range(100))
+    servers = [ThreadServer(engine.app()) for engines in replicas.values() for engine in engines]
+    for server in servers:
+        server.__enter__()
+    try:
+        urls = iter(server.url for server in servers)
+        config = SessionsConfig([next(urls), next(urls)], [next(urls), next(urls)], conversations, concurrency=2,
+                                max_tokens=8, repeat=1, min_samples=2, health_timeout_s=2.0)  # fmt: skip
+        result = bench_sessions(config, nonce=lambda: next(nonces))
+    finally:
+        for server in servers:
+            server.__exit__(None, None, None)
+    assert result.errors() == 0
+    for run in result.runs:
+        assert run.cache["standard"] is not None and run.cache["speculative"] is not None
+        if run.phase != "cache-aware":
+            continue
+        for conversation in "pqrs":
+            turns = [o for o in run.outcomes if o.conversation == conversation]
+            # the answer names the replica that gave it: on each pool, one replica holds the conversation
+            # (the pool choice may still move it: the adaptive policy explores)
+            for pool in replicas:
+                held = {o.answer.split(" ")[0] for o in turns if o.pool == pool}
+                assert len(held) <= 1, [(o.turn, o.answer) for o in turns]
+    # the four replicas' counters summed per pool: every query a replica saw after its warm-up is in the totals
+    engines = [engine for pool in replicas.values() for engine in pool]
+    assert all(e.received[0][-1]["content"] == "Say hello." for e in engines)
+    warm_ups = sum(len("".join(f"{m['role']}:{m['content']}\n" for m in e.received[0])) for e in engines)
+    total = sum(c.queries for run in result.runs for c in run.cache.values() if c is not None)
+    assert total == sum(e.queries for e in engines) - warm_ups > 0
 
 
 def test_the_command_runs_the_shipped_sessions_and_writes_json(

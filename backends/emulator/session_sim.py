@@ -16,8 +16,10 @@ index tells users apart where the engines' caches do.
 **Policies at equal hardware** (``2 x replicas`` engines in all), every engine with its prefix cache on
 unless ``prefix_caching`` is off:
 
-- ``adaptive``: specgate as today, two pools of ``replicas`` engines, the shipped adaptive rules from a cold
-  start, the replica within the pool by the fewest in flight (cache-blind);
+- ``adaptive``: specgate with its prefix index off, two pools of ``replicas`` engines, the shipped adaptive rules
+  from a cold start, the replica within the pool as the gateway then chooses it: power of two choices on booked
+  tokens (cache-blind; the issue's baseline; until Dec 6 2026 the fewest in flight, a balance the gateway never
+  had: with two replicas the two are nearly alike, with more the fewest in flight spreads a session less);
 - ``adaptive-prefix``: the same pool choice, the replica within the pool by the gateway's own cache-aware
   choice (``gateway.pools.choose_replica`` over a ``gateway.prefix_index.PrefixIndex`` of what it sent where,
   read from each turn's text: ``Simulation`` picker ``index``), before any cache-aware pool choice;
@@ -58,6 +60,7 @@ from backends.emulator.simulate import (
     PLAIN_STICKY,
     PREFIX,
     STICKY,
+    TWO_CHOICES,
     Arrival,
     Picker,
     PolicySet,
@@ -168,7 +171,7 @@ def session_simulations(
         rate, forget, shared = (
             adaptive.adaptive.learning_rate, adaptive.adaptive.stale_s, adaptive.adaptive.shared_device
         )
-        sims[ADAPTIVE] = lambda: make(profile, adaptive, learner=Learner(rate, forget, shared))
+        sims[ADAPTIVE] = lambda: make(profile, adaptive, picker=TWO_CHOICES, learner=Learner(rate, forget, shared))
         sims[ADAPTIVE_PREFIX] = lambda: make(profile, adaptive, picker=INDEX, learner=Learner(rate, forget, shared))
         sims[ADAPTIVE_CACHE] = lambda: make(
             profile, adaptive, picker=INDEX, learner=Learner(rate, forget, shared), see_cache=True

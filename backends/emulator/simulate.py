@@ -29,8 +29,10 @@ index of the previous turn of its session); it arrives when that one finishes pl
 engines' prefix caches work; without it they carry none and nothing is cached (every figure on single-turn
 workloads is computed that way). ``layout`` sets how many engines each pool has (a single-pool baseline puts
 all of them in one pool) and ``picker`` how a replica is chosen within the pool: ``fewest`` in flight (the
-default), ``prefix`` (:func:`backends.emulator.prefix_router.prefix_choice`, reading the engines' caches),
-``sticky`` (a session's turns return to the replica of its first turn) or ``index``: the gateway's own choice
+default), ``two-choices`` (the gateway's choice with its prefix index off: power of two choices on booked
+tokens, ``gateway.pools.choose_replica`` without blocks), ``prefix``
+(:func:`backends.emulator.prefix_router.prefix_choice`, reading the engines' caches), ``sticky`` (a session's
+turns return to the replica of its first turn) or ``index``: the gateway's own choice
 (``gateway.pools.choose_replica``) over the gateway's prefix index (``gateway.prefix_index.PrefixIndex``) of
 what this gateway sent where, from the blocks of each request's text (``RequestFeatures.blocks``), with power
 of two choices on booked tokens where no eligible replica holds any. With ``see_cache`` the decision also reads,
@@ -86,8 +88,9 @@ PLAIN_BLIND = "plain-blind"  # every replica standard, the fewest in flight (cac
 ADAPTIVE_PREFIX = "adaptive-prefix"  # specgate's two pools, the gateway's prefix index choosing the replica
 ADAPTIVE_CACHE = "adaptive-cache"  # the same, and the pool choice reads what each pool is expected to hold
 SESSION_POLICIES = (ADAPTIVE, ADAPTIVE_PREFIX, ADAPTIVE_CACHE, PLAIN_PREFIX, DYNAMIC_PREFIX, PLAIN_STICKY, PLAIN_BLIND)
-Picker = Literal["fewest", "prefix", "sticky", "index"]  # how a replica is picked within the chosen pool
+Picker = Literal["fewest", "two-choices", "prefix", "sticky", "index"]  # how a replica is picked within the pool
 FEWEST: Picker = "fewest"
+TWO_CHOICES: Picker = "two-choices"
 PREFIX: Picker = "prefix"
 STICKY: Picker = "sticky"
 INDEX: Picker = "index"
@@ -341,13 +344,18 @@ class Simulation:
     def _pick(
         self, replicas: Sequence[_Replica], arrival: Arrival, features: RequestFeatures, worth: float | None = None
     ) -> _Replica:  # fmt: skip
-        """The replica of the chosen pool: the fewest in flight, the longest cached prefix (``prefix``, within
-        a load slack), the session's first replica (``sticky``) or the gateway's choice (``index``)."""
+        """The replica of the chosen pool: the fewest in flight, power of two choices on booked tokens
+        (``two-choices``), the longest cached prefix (``prefix``, within a load slack), the session's first
+        replica (``sticky``) or the gateway's choice (``index``)."""
         if self._index is not None:
             chosen = choose_replica(replicas, features.blocks, self._index, self._pick_rng, worth)
             assert chosen is not None
             if features.blocks:
                 self._index.record(chosen.url, features.blocks)
+            return chosen
+        if self.picker == TWO_CHOICES:
+            chosen = choose_replica(replicas, (), None, self._pick_rng)
+            assert chosen is not None
             return chosen
         if self.picker == PREFIX and arrival.block_hashes is not None:
             limit = (arrival.item.prompt_tokens - 1) // BLOCK_SIZE  # what the engine could hit (timing.py)

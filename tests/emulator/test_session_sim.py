@@ -36,6 +36,7 @@ from backends.emulator.simulate import (
     PLAIN_STICKY,
     PREFIX,
     STICKY,
+    TWO_CHOICES,
     Arrival,
     Picker,
     PolicySet,
@@ -155,6 +156,22 @@ def test_a_second_turn_hits_the_cache_of_the_replica_that_served_the_first(picke
     assert aware[1].ttft_s < blind[1].ttft_s
     saved = PROFILE.step.prefill_s_per_token * aware[1].cached_tokens
     assert blind[1].ttft_s - aware[1].ttft_s > saved / 2  # the cached part of the prompt was not computed again
+
+
+def test_specgate_blind_picks_as_the_gateway_does_with_its_index_off() -> None:
+    """The cache-blind specgate row is the gateway's own choice without blocks: power of two choices on booked
+    tokens (gateway.pools.choose_replica), not the fewest in flight: with four replicas it sometimes takes one
+    that is not the least booked, which the fewest-in-flight choice never does."""
+    sims = session_simulations(PROFILE, POLICIES, 4, Options(replicas=4))
+    blind = sims[ADAPTIVE]()
+    assert blind.picker == TWO_CHOICES
+    replicas = blind._replicas[STANDARD]
+    for booked, replica in zip((400, 100, 300, 200), replicas, strict=True):
+        replica.booked_tokens = booked
+    arrival = _one_agent_and_a_long_request()[0]
+    chosen = [blind._pick(replicas, arrival, arrival.features).booked_tokens for _ in range(200)]
+    assert set(chosen) == {100, 200, 300}  # the lower of a random pair: never the most booked, not always the least
+    assert 0.4 < chosen.count(100) / len(chosen) < 0.6  # the least booked is in 3 of the 6 pairs
 
 
 def test_without_prefix_caching_nothing_is_cached_and_later_turns_pay_their_whole_prompt() -> None:

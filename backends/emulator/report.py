@@ -235,8 +235,9 @@ def summarise_sessions(results: Sequence[RequestResult]) -> SessionSummary:
 
 SESSION_LEGEND = (
     "Means over the seeds; load: a share of one pool's capacity. adaptive: specgate's two pools, the shipped "
-    "adaptive rules (cold start), replica by fewest in flight (cache-blind); adaptive-prefix: the same, replica "
-    "by the gateway's prefix index; adaptive-cache: that, and the pool choice counts each pool's expected cached "
+    "adaptive rules (cold start), replica by power of two choices on booked tokens (cache-blind, the gateway "
+    "with its index off); adaptive-prefix: the same, replica by the gateway's prefix index; adaptive-cache: "
+    "that, and the pool choice counts each pool's expected cached "
     "prompt; plain-/dynamic-prefix: every engine standard / speculative with dynamic k, "
     "prefix-aware load-aware replica choice; plain-sticky: a session back on its first replica; plain-blind: "
     "fewest in flight. Equal hardware: 2 x replicas engines each. TTFT t>=2: median TTFT of turns 2 and later"

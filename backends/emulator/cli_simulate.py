@@ -72,6 +72,12 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )  # fmt: skip
     parser.add_argument("--replicas", type=_count, default=1, help="engines per pool")
     parser.add_argument(
+        "--speculative-k", choices=("fixed", "dynamic"), default="fixed",
+        help="specgate's speculative pool: fixed (the profile's k at every batch size, as profiled) or dynamic "
+             "(vLLM's num_speculative_tokens_per_batch_size: the profile's k up to 8 running requests, 2 to 32, "
+             "0 beyond, as the one-pool baseline runs; the profile is named NAME+dynamic-k)",
+    )  # fmt: skip
+    parser.add_argument(
         "--gateways", type=_count, default=1,
         help="gateway replicas in front of the pools (arrivals dealt round-robin; each sees the others' requests "
              "only through the engines' stats, a scrape late; perfect-predictor sees the engines as they are)",
@@ -126,7 +132,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
     """One plan per profile from the arguments, or None (after saying why) when they are not usable."""
     from backends.emulator.evaluate import Options
-    from backends.emulator.profiles import ProfileError, load_profile, shipped_profiles
+    from backends.emulator.profiles import ProfileError, dynamic_profile, load_profile, shipped_profiles
     from backends.emulator.scenarios import capacity_qps
     from backends.emulator.simulate import PolicySet
     from backends.emulator.sweep import Plan
@@ -148,6 +154,8 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
             raise ValueError(f"no workload items in {', '.join(map(str, args.workload))}")
         names = shipped_profiles() if args.profile == "all" else [args.profile]
         profiles = [load_profile(name) for name in names]
+        if args.speculative_k == "dynamic":
+            profiles = [dynamic_profile(profile) for profile in profiles]
         reference = load_rules(args.rules) if args.rules else reference_rules()
         adaptive = load_rules(args.adaptive_rules) if args.adaptive_rules else default_rules()
         shares = [float(v) for v in args.loads.split(",") if v.strip()]

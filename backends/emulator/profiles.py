@@ -105,6 +105,26 @@ class Profile(_Strict):
         return self
 
 
+def dynamic_table(k: int) -> tuple[tuple[int, int, int], ...]:
+    """The dynamic-speculation table this project measures with (``num_speculative_tokens_per_batch_size``):
+    the profile's k up to 8 running requests, 2 from 9 to 32, 0 from 33 on (the last range's k holds for every
+    larger batch, as in vLLM)."""
+    return ((1, 8, k), (9, 32, min(2, k)), (33, 33, 0))
+
+
+def dynamic_profile(profile: Profile) -> Profile:
+    """The profile with :func:`dynamic_table` on its speculative engines (validated as a profile file is): what
+    the one-pool baselines run, and specgate's speculative pool under ``specgate simulate --speculative-k
+    dynamic``. The name says so (``+dynamic-k``)."""
+    speculative = profile.speculative.model_dump()
+    speculative["num_speculative_tokens_per_batch_size"] = dynamic_table(profile.speculative.num_speculative_tokens)
+    name = profile.name if profile.name.endswith(DYNAMIC_SUFFIX) else profile.name + DYNAMIC_SUFFIX
+    return Profile.model_validate({**profile.model_dump(), "name": name, "speculative": speculative})
+
+
+DYNAMIC_SUFFIX = "+dynamic-k"
+
+
 def shipped_profiles() -> list[str]:
     return sorted(path.stem for path in PROFILE_DIR.glob("*.yaml"))
 

@@ -16,6 +16,7 @@ from backends.emulator.simulate import (
     ADAPTIVE_WARM,
     ALWAYS_SPECULATIVE,
     ALWAYS_STANDARD,
+    DYNAMIC_POOL,
     MYOPIC,
     PERFECT,
     POLICIES,
@@ -88,11 +89,12 @@ def summarise(results: Sequence[RequestResult]) -> Summary:
 # Short, distinct column names (an 80-column terminal shows a level table whole); the captions spell them out.
 SHORT = {
     ALWAYS_STANDARD: "std", ALWAYS_SPECULATIVE: "spec", RULES: "rules", ADAPTIVE: "cold", ADAPTIVE_WARM: "warm",
-    PERFECT: "perfect", MYOPIC: "myopic",
+    PERFECT: "perfect", MYOPIC: "myopic", DYNAMIC_POOL: "dyn",
 }  # fmt: skip
 LEGEND = (
     "std, spec: always-standard, always-speculative; cold, warm: adaptive from a cold start, in steady state; "
-    "perfect: perfect-predictor (the bound); myopic: knows each request's truth, blind to the delay it adds"
+    "perfect: perfect-predictor (the bound); myopic: knows each request's truth, blind to the delay it adds; "
+    "dyn: one pool of all the engines, each speculative with vLLM's dynamic k table (the alternative to two pools)"
 )
 
 
@@ -128,8 +130,9 @@ def ratios_table(profile: str, runs: Sequence[Sequence[Level]]) -> Table:
     against the bound, and the cold start's split (share to the speculative pool and its per-second spread)."""
     table = Table(
         title=f"EMULATED {profile}: adaptive against the references, mean of {_seeds(runs)}",
-        caption="x/best: against the better fixed pool (mean, p95); /perf: perfect-predictor; to spec: the cold "
-        "start's share to the speculative pool (its sd from second to second, in points); expl: explored",
+        caption="x/best: against the better fixed pool (mean, p95); /perf: perfect-predictor; /dyn: one dynamic-k "
+        "pool at equal hardware; to spec: the cold start's share to the speculative pool (its sd from second to "
+        "second, in points); expl: explored",
     )  # fmt: skip
     has = runs[0][0].summaries
     columns: list[tuple[str, Callable[[Level], float]]] = [
@@ -139,6 +142,8 @@ def ratios_table(profile: str, runs: Sequence[Sequence[Level]]) -> Table:
         columns += [("cold\n/perf", lambda lv: lv.over(ADAPTIVE, PERFECT)),
                     ("warm\n/perf", lambda lv: lv.over(ADAPTIVE_WARM, PERFECT))]  # fmt: skip
     columns.append(("cold\n/rules", lambda lv: lv.over(ADAPTIVE, RULES)))
+    if DYNAMIC_POOL in has:
+        columns.append(("cold\n/dyn", lambda lv: lv.over(ADAPTIVE, DYNAMIC_POOL)))
     for column in ("load", *(name for name, _ in columns), "to spec\n(sd)", "expl"):
         table.add_column(column, justify="right")
     for index, level in enumerate(runs[0]):

@@ -27,7 +27,7 @@ unless ``prefix_caching`` is off:
   expected to hold (``RequestFeatures.cached_tokens``), so the latency model counts a move's re-prefill;
 - ``plain-prefix``: every engine standard, the replica by :func:`~backends.emulator.prefix_router.prefix_choice`
   (the longest cached prefix unless much busier than the least loaded);
-- ``dynamic-prefix``: every engine speculative with vLLM's dynamic speculation (:func:`dynamic_table`), the
+- ``dynamic-prefix``: every engine speculative with vLLM's dynamic speculation (``profiles.dynamic_table``), the
   same replica choice;
 - ``plain-sticky``: every engine standard, a session always back on its first turn's replica (a reference:
   the most cache reuse, no load balance after the first turn);
@@ -44,7 +44,7 @@ from typing import Any
 
 from backends.emulator.evaluate import Options
 from backends.emulator.prefix_cache import BLOCK_SIZE
-from backends.emulator.profiles import Profile
+from backends.emulator.profiles import Profile, dynamic_profile
 from backends.emulator.prompt_blocks import chat_blocks
 from backends.emulator.report import SessionSummary, summarise_sessions
 from backends.emulator.scenarios import capacity_qps, request_features
@@ -77,19 +77,6 @@ from gateway.rules import RoutingRules
 from gateway.snapshot import SPECULATIVE, STANDARD, other_pool
 
 DEFAULT_THINK_S = 5.0
-
-
-def dynamic_table(k: int) -> tuple[tuple[int, int, int], ...]:
-    """The baseline's ``num_speculative_tokens_per_batch_size``: the profile's k up to 8 running requests, 2 from
-    9 to 32, 0 from 33 on (the last range's k holds for every larger batch, as in vLLM)."""
-    return ((1, 8, k), (9, 32, min(2, k)), (33, 33, 0))
-
-
-def dynamic_profile(profile: Profile) -> Profile:
-    """The profile with :func:`dynamic_table` on its speculative engines (validated as a profile file is)."""
-    speculative = profile.speculative.model_dump()
-    speculative["num_speculative_tokens_per_batch_size"] = dynamic_table(profile.speculative.num_speculative_tokens)
-    return Profile.model_validate({**profile.model_dump(), "speculative": speculative})
 
 
 def make_session_arrivals(

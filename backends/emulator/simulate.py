@@ -57,7 +57,7 @@ from typing import Literal
 
 from backends.emulator.prefix_cache import BLOCK_SIZE
 from backends.emulator.prefix_router import Candidate, prefix_choice
-from backends.emulator.profiles import Profile
+from backends.emulator.profiles import Profile, dynamic_profile
 from backends.emulator.telemetry import FULL, Telemetry, estimated_tokens, has_usage, usage_draw
 from backends.emulator.timing import Engine, EngineRequest, StepOutcome, TimingModel, expected_tokens_per_step
 from backends.workloads.loader import WorkloadItem
@@ -79,7 +79,8 @@ ADAPTIVE = "adaptive"
 ADAPTIVE_WARM = "adaptive-warm"
 PERFECT = "perfect-predictor"
 MYOPIC = "myopic"
-POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, PERFECT, MYOPIC)
+DYNAMIC_POOL = "dynamic-pool"  # one pool of twice the engines, every one speculative with vLLM's dynamic table
+POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, PERFECT, MYOPIC, DYNAMIC_POOL)
 # The single-pool baselines of session workloads, at equal hardware (session_sim.py builds them)
 PLAIN_PREFIX = "plain-prefix"  # every replica standard, prefix-aware and load-aware replica choice
 DYNAMIC_PREFIX = "dynamic-prefix"  # every replica speculative with dynamic k, the same replica choice
@@ -561,6 +562,11 @@ def simulations(
         ALWAYS_SPECULATIVE: lambda: sim(fixed_pool_rules(reference, SPECULATIVE)),
         RULES: lambda: sim(reference),
         MYOPIC: lambda: sim(reference, myopic=True),
+        # what users could run instead at equal hardware: no second pool, speculation turned down by batch size
+        DYNAMIC_POOL: lambda: Simulation(
+            dynamic_profile(profile), fixed_pool_rules(reference, SPECULATIVE), seed, replicas=replicas,
+            layout={SPECULATIVE: 2 * replicas, STANDARD: 0}, scrape_interval_s=scrape_interval_s, telemetry=telemetry,
+        ),
     }
     if adaptive is not None:
         rate, forget, shared = (

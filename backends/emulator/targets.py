@@ -8,7 +8,8 @@ the worst level's.
 
 Issue 28's targets judge the adaptive policy from a cold start against the better fixed pool, against
 ``perfect-predictor`` (the same decision fed each request's truth: the bound) and against the reference
-rules where those leave room. Issue 10's (the knee, the rules' crossover, settling, the drift, exploration)
+rules where those leave room; issue 29's against one pool of all the engines with vLLM's dynamic speculation
+(``dynamic-pool``, at equal hardware). Issue 10's (the knee, the rules' crossover, settling, the drift, exploration)
 follow.
 """
 
@@ -20,10 +21,11 @@ from dataclasses import dataclass
 
 from backends.emulator.evaluate import Level, ScenarioRun
 from backends.emulator.scenarios import DRIFT
-from backends.emulator.simulate import ADAPTIVE, ADAPTIVE_WARM, PERFECT, RULES
+from backends.emulator.simulate import ADAPTIVE, ADAPTIVE_WARM, DYNAMIC_POOL, PERFECT, RULES
 
 JUDGED_UP_TO = 1.5  # the per-level targets hold "at every load level" from 10 % to 150 % of one pool's capacity
 RULES_ROOM = 1.05  # the rules target applies where the rules' mean is more than 5 % above perfect-predictor's
+LOW_LOAD = 0.55  # issue 29: against the one dynamic pool, <= 0.90x up to here and <= 1.02x at every level
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,14 @@ def check_targets(runs: Sequence[Sequence[Level]], scenarios: Sequence[Sequence[
             "cold: mean <= 0.95x the rules where they are >5% above perfect-predictor", judged,
             lambda lv, policy: lv.over(policy, RULES), 0.95, [i for i, gap in enumerate(rules_gap) if gap > RULES_ROOM],
         ))  # fmt: skip
+    if DYNAMIC_POOL in judged[0][0].summaries:
+        low = [i for i, lv in enumerate(judged[0]) if lv.share <= LOW_LOAD + 1e-9]
+        targets += [
+            _per_level("cold: mean <= 0.90x one dynamic-k pool, levels to 55%", judged,
+                       lambda lv, policy: lv.over(policy, DYNAMIC_POOL), 0.90, low),
+            _per_level("cold: mean <= 1.02x one dynamic-k pool, every level", judged,
+                       lambda lv, policy: lv.over(policy, DYNAMIC_POOL), 1.02),
+        ]  # fmt: skip
     steady = ADAPTIVE_WARM if ADAPTIVE_WARM in judged[0][0].summaries else ADAPTIVE
     targets += [_knee_target(runs, steady), _crossover_target(runs, steady), _settling_target(runs)]
     drifts = [(run.seed, _count(run.relearned_after)) for seed in scenarios for run in seed if run.name == DRIFT]

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from backends.emulator.profiles import ProfileError, load_profile, shipped_profiles
+from backends.emulator.profiles import ProfileError, dynamic_profile, dynamic_table, load_profile, shipped_profiles
+from backends.emulator.timing import TimingModel
 
 
 def test_the_three_issue_profiles_ship() -> None:
@@ -50,3 +51,15 @@ def test_emulate_cli_rejects_bad_arguments_with_a_message(tmp_path: Path, capsys
     with pytest.raises(SystemExit):
         main(["emulate", "--standard", "--speed", "0"])
     assert "must be positive" in capsys.readouterr().err
+
+
+def test_the_dynamic_table_drafts_by_batch_size_and_names_itself() -> None:
+    assert dynamic_table(5) == ((1, 8, 5), (9, 32, 2), (33, 33, 0))
+    assert dynamic_table(1) == ((1, 8, 1), (9, 32, 1), (33, 33, 0))
+    shipped = load_profile("h100-8b")
+    dynamic = dynamic_profile(shipped)
+    model = TimingModel(dynamic, speculative=True)
+    assert [model.k_for(b) for b in (1, 8, 9, 32, 33, 256)] == [5, 5, 2, 2, 0, 0]
+    assert shipped.speculative.num_speculative_tokens_per_batch_size is None  # the shipped profile is untouched
+    assert dynamic.name == "h100-8b+dynamic-k" and dynamic_profile(dynamic) == dynamic
+    assert dynamic.step == shipped.step and dynamic.acceptance_model == shipped.acceptance_model

@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 from backends.emulator.cli import register_simulate  # noqa: F401  (the CLI module imports cleanly)
-from backends.emulator.profiles import load_profile
+from backends.emulator.profiles import dynamic_profile, load_profile
 from backends.emulator.report import shares_per_second, summarise
-from backends.emulator.scenarios import make_arrivals, simulate_level
+from backends.emulator.scenarios import capacity_qps, make_arrivals, simulate_level
 from backends.emulator.simulate import (
     ADAPTIVE,
     ADAPTIVE_WARM,
     ALWAYS_SPECULATIVE,
     ALWAYS_STANDARD,
+    DYNAMIC_POOL,
     MYOPIC,
     PERFECT,
     RULES,
@@ -88,7 +89,7 @@ def test_simulate_cli_prints_emulated_tables_and_writes_the_plot(
     assert report["seeds"] == [0, 1] and report["telemetry"] == "full"
     assert [len(seed) for seed in report["levels"]] == [2, 2] and report["scenarios"][1][0]["name"] == "drift"
     assert [level["seed"] for level in report["levels"][1]] == [1, 1]
-    policies = {ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, PERFECT, MYOPIC}
+    policies = {ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, PERFECT, MYOPIC, DYNAMIC_POOL}
     assert set(report["levels"][0][0]["summaries"]) == policies
     assert {t["name"] for t in report["targets"]} >= {"explored share <= 3%"}
     assert all(t["seeds"] == 2 for t in report["targets"])
@@ -358,3 +359,31 @@ def test_simulate_reads_the_workload_with_each_profiles_own_drafter(
     own = json.loads((tmp_path / "own.json").read_text())["h100-8b"]
     low = json.loads((tmp_path / "weak.json").read_text())["weak-cjk"]
     assert low["levels"][0][0]["summaries"] != own["levels"][0][0]["summaries"]
+
+
+def test_the_dynamic_pool_is_one_pool_of_all_the_engines_turning_speculation_down_under_load() -> None:
+    profile = load_profile("h100-8b")
+    policies = PolicySet(reference_rules(), default_rules())
+    arrivals = make_arrivals(WORKLOAD, 2 * capacity_qps(profile, WORKLOAD), 400, 0, reference_rules())
+    dynamic = simulations(profile, policies, 0, replicas=2)[DYNAMIC_POOL]()
+    assert dynamic.profile == dynamic_profile(profile)
+    assert [len(dynamic._replicas[p]) for p in ("standard", "speculative")] == [0, 4]
+    runs = dynamic.run(arrivals)
+    assert {r.pool for r in runs} == {"speculative"} and len(runs) == len(arrivals)
+    # the same four engines with the profile's fixed k: speculation past its knee makes them far slower
+    fixed = Simulation(profile, fixed_pool_rules(reference_rules(), "speculative"), 0, replicas=2,
+                       layout={"speculative": 4, "standard": 0}).run(arrivals)  # fmt: skip
+    assert summarise(runs).mean_s < 0.7 * summarise(fixed).mean_s  # 1.19 s against 2.06 s
+
+
+def test_simulate_cli_runs_specgates_speculative_pool_with_dynamic_k(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim.json"
+    args = ["simulate", "--profile", "h100-8b", "--loads", "0.25", "--seeds", "1", "--duration", "20",
+            "--scenarios", "", "--jobs", "1", "--speculative-k", "dynamic", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+    assert list(report) == ["h100-8b+dynamic-k"]
+    assert DYNAMIC_POOL in report["h100-8b+dynamic-k"]["levels"][0][0]["summaries"]
+    assert "one dynamic-k pool" in capsys.readouterr().out

@@ -74,3 +74,18 @@ def test_a_seed_that_never_settles_misses_the_target_whatever_the_others_do() ->
     assert found.met is False and found.mean == "never (a seed)" and found.worst == "never (seed 1)"
     found = target(check_targets([settled(0, 100), settled(1, 400), settled(2, 0)]), "cold start:")
     assert found.met is True and found.failing == 1 and found.worst == "slowest level 400 requests (seed 1)"
+
+
+def test_against_one_dynamic_pool_the_low_load_target_reads_only_levels_to_55_percent() -> None:
+    def seed(s: int, dyn_low: float, dyn_high: float) -> list[Level]:
+        return [level(0.1, s, dynamic_pool=dyn_low), level(0.55, s, dynamic_pool=dyn_low),
+                level(1.0, s, dynamic_pool=dyn_high)]  # fmt: skip
+
+    assert not any("dynamic-k" in t.name for t in check_targets([[level(0.1, 0), level(1.0, 0)]]))  # not run
+    low_room = check_targets([seed(s, dyn_low=2.4, dyn_high=1.0) for s in range(3)])
+    assert target(low_room, "cold: mean <= 0.90x one dynamic-k").met is True  # 2.0 / 2.4 = 0.833x; 100 % not read
+    assert target(low_room, "cold: mean <= 1.02x one dynamic-k").met is False  # 2.0 / 1.0 at 100 %
+    assert target(low_room, "cold: mean <= 1.02x one dynamic-k").mean.startswith("2.000x at 100%")
+    no_room = check_targets([seed(s, dyn_low=2.1, dyn_high=4.0) for s in range(3)])
+    assert target(no_room, "cold: mean <= 0.90x one dynamic-k").met is False  # 0.952x at 10-55 %
+    assert target(no_room, "cold: mean <= 1.02x one dynamic-k").met is True

@@ -54,3 +54,20 @@ def k_for_batch(schedule: Schedule, batch: int, max_k: int) -> int:
             break
         k = entry_k
     return min(k, max_k)
+
+
+def parse_schedule(text: str) -> Schedule:
+    """A table written ``FROM-TO:K,...`` (``9-32:2``; ``33:0`` is the range 33-33, whose ``k`` holds for every
+    larger batch), as ``specgate simulate --speculative-k`` takes it; ``ValueError`` naming the bad entry. The
+    table is not checked against a ``num_speculative_tokens`` here: the profile that takes it does that."""
+    entries: list[tuple[int, int, int]] = []
+    for part in (p.strip() for p in text.split(",")):
+        span, colon, k = part.partition(":")
+        start, dash, end = span.partition("-")
+        try:
+            if not colon:
+                raise ValueError
+            entries.append((int(start), int(end) if dash else int(start), int(k)))
+        except ValueError:
+            raise ValueError(f"a k table entry is FROM-TO:K or FROM:K (e.g. 1-8:5,9-32:2,33:0); got {part!r}") from None
+    return validate_schedule(entries, max(k for _, _, k in entries))

@@ -72,10 +72,11 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )  # fmt: skip
     parser.add_argument("--replicas", type=_count, default=1, help="engines per pool")
     parser.add_argument(
-        "--speculative-k", choices=("fixed", "dynamic"), default="fixed",
-        help="specgate's speculative pool: fixed (the profile's k at every batch size, as profiled) or dynamic "
+        "--speculative-k", default="fixed", metavar="fixed|dynamic|TABLE",
+        help="specgate's speculative pool: fixed (the profile's k at every batch size, as profiled), dynamic "
              "(vLLM's num_speculative_tokens_per_batch_size: the profile's k up to 8 running requests, 2 to 32, "
-             "0 beyond, as the one-pool baseline runs; the profile is named NAME+dynamic-k)",
+             "0 beyond, as the one-pool baseline runs; the profile is named NAME+dynamic-k) or your own table "
+             "as FROM-TO:K entries, e.g. 1-32:5,33-64:2,65:0 (the last k holds for larger batches)",
     )  # fmt: skip
     parser.add_argument(
         "--gateways", type=_count, default=1,
@@ -136,6 +137,7 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
     from backends.emulator.scenarios import capacity_qps
     from backends.emulator.simulate import PolicySet
     from backends.emulator.sweep import Plan
+    from backends.spec_schedule import parse_schedule
     from backends.workloads.loader import load_workload
     from backends.workloads.sessions import SESSIONS_DIR, SessionSet, load_sessions
     from gateway.errors import RulesError
@@ -154,8 +156,9 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
             raise ValueError(f"no workload items in {', '.join(map(str, args.workload))}")
         names = shipped_profiles() if args.profile == "all" else [args.profile]
         profiles = [load_profile(name) for name in names]
-        if args.speculative_k == "dynamic":
-            profiles = [dynamic_profile(profile) for profile in profiles]
+        if args.speculative_k != "fixed":
+            table = None if args.speculative_k == "dynamic" else parse_schedule(args.speculative_k)
+            profiles = [dynamic_profile(profile, table) for profile in profiles]
         reference = load_rules(args.rules) if args.rules else reference_rules()
         adaptive = load_rules(args.adaptive_rules) if args.adaptive_rules else default_rules()
         shares = [float(v) for v in args.loads.split(",") if v.strip()]

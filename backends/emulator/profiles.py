@@ -112,14 +112,23 @@ def dynamic_table(k: int) -> tuple[tuple[int, int, int], ...]:
     return ((1, 8, k), (9, 32, min(2, k)), (33, 33, 0))
 
 
-def dynamic_profile(profile: Profile) -> Profile:
-    """The profile with :func:`dynamic_table` on its speculative engines (validated as a profile file is): what
-    the one-pool baselines run, and specgate's speculative pool under ``specgate simulate --speculative-k
-    dynamic``. The name says so (``+dynamic-k``)."""
+def dynamic_profile(profile: Profile, table: Schedule | None = None) -> Profile:
+    """The profile with a dynamic-speculation table on its speculative engines (validated as a profile file is):
+    :func:`dynamic_table` unless ``table`` is given. What the one-pool baselines run (the default table), and
+    specgate's speculative pool under ``specgate simulate --speculative-k``. The name says so: ``+dynamic-k``
+    for the default table, ``+k=FROM-TO:K,...`` for another; ``ProfileError`` when the table does not fit the
+    profile (a ``k`` above its ``num_speculative_tokens``)."""
     speculative = profile.speculative.model_dump()
-    speculative["num_speculative_tokens_per_batch_size"] = dynamic_table(profile.speculative.num_speculative_tokens)
-    name = profile.name if profile.name.endswith(DYNAMIC_SUFFIX) else profile.name + DYNAMIC_SUFFIX
-    return Profile.model_validate({**profile.model_dump(), "name": name, "speculative": speculative})
+    base = profile.name.split("+", 1)[0]
+    if table is None:
+        table, name = dynamic_table(profile.speculative.num_speculative_tokens), base + DYNAMIC_SUFFIX
+    else:
+        name = f"{base}+k={','.join(f'{a}-{b}:{k}' for a, b, k in table)}"
+    speculative["num_speculative_tokens_per_batch_size"] = table
+    try:
+        return Profile.model_validate({**profile.model_dump(), "name": name, "speculative": speculative})
+    except ValidationError as exc:
+        raise ProfileError(f"{name}: {_describe(exc)}") from exc
 
 
 DYNAMIC_SUFFIX = "+dynamic-k"

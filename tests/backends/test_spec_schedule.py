@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from backends.cpu_engine import CpuEngine
-from backends.spec_schedule import k_for_batch, validate_schedule
+from backends.spec_schedule import k_for_batch, parse_schedule, validate_schedule
 
 TABLES: list[list[list[int]]] = [
     [[1, 16, 3], [17, 48, 2], [49, 96, 1], [97, 128, 0]],
@@ -69,3 +69,12 @@ def test_validator_and_lookup_agree_with_vllm(entries: list[list[int]], cpu_engi
         return
     assert dense is not None
     assert [k_for_batch(schedule, batch, max_k) for batch in range(1, max_batch + 1)] == dense[1:]
+
+
+def test_a_table_written_on_the_command_line_parses_to_vllms_entries() -> None:
+    assert parse_schedule("1-8:5,9-32:2,33:0") == ((1, 8, 5), (9, 32, 2), (33, 33, 0))
+    assert parse_schedule(" 9-32:2 , 1-8:3 ") == ((1, 8, 3), (9, 32, 2))  # sorted, spaces allowed
+    for bad, error in [("1-8", "FROM-TO:K"), ("1-x:2", "FROM-TO:K"), ("2-8:3", "must start at 1"),
+                       ("1-8:3,8-9:1", "overlap")]:  # fmt: skip
+        with pytest.raises(ValueError, match=error):
+            parse_schedule(bad)

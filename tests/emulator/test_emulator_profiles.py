@@ -63,3 +63,12 @@ def test_the_dynamic_table_drafts_by_batch_size_and_names_itself() -> None:
     assert shipped.speculative.num_speculative_tokens_per_batch_size is None  # the shipped profile is untouched
     assert dynamic.name == "h100-8b+dynamic-k" and dynamic_profile(dynamic) == dynamic
     assert dynamic.step == shipped.step and dynamic.acceptance_model == shipped.acceptance_model
+
+
+def test_a_table_of_ones_own_is_named_in_the_profile_and_checked_against_its_k() -> None:
+    shipped = load_profile("h100-8b")
+    own = dynamic_profile(shipped, ((1, 32, 5), (33, 64, 2), (65, 65, 0)))
+    assert own.name == "h100-8b+k=1-32:5,33-64:2,65-65:0"
+    assert TimingModel(own, speculative=True).k_for(40) == 2
+    with pytest.raises(ProfileError, match=r"h100-8b\+k=1-8:9: speculative: .*between 0 and num_speculative_tokens"):
+        dynamic_profile(shipped, ((1, 8, 9),))

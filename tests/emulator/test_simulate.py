@@ -387,3 +387,11 @@ def test_simulate_cli_runs_specgates_speculative_pool_with_dynamic_k(
     assert list(report) == ["h100-8b+dynamic-k"]
     assert DYNAMIC_POOL in report["h100-8b+dynamic-k"]["levels"][0][0]["summaries"]
     assert "one dynamic-k pool" in capsys.readouterr().out
+
+
+def test_simulate_cli_names_a_bad_k_table(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--profile", "h100-8b", "--loads", "0.25", "--seeds", "1", "--scenarios", ""]
+    assert main([*args, "--speculative-k", "1-8"]) == 2
+    assert "FROM-TO:K" in capsys.readouterr().out
+    assert main([*args, "--speculative-k", "1-8:6"]) == 2  # h100-8b drafts 5 at most
+    assert "num_speculative_tokens (5)" in capsys.readouterr().out

@@ -72,11 +72,13 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )  # fmt: skip
     parser.add_argument("--replicas", type=_count, default=1, help="engines per pool")
     parser.add_argument(
-        "--speculative-k", default="fixed", metavar="fixed|dynamic|TABLE",
+        "--speculative-k", default="fixed", metavar="fixed|dynamic|profiled|TABLE",
         help="specgate's speculative pool: fixed (the profile's k at every batch size, as profiled), dynamic "
              "(vLLM's num_speculative_tokens_per_batch_size: the profile's k up to 8 running requests, 2 to 32, "
-             "0 beyond, as the one-pool baseline runs; the profile is named NAME+dynamic-k) or your own table "
-             "as FROM-TO:K entries, e.g. 1-32:5,33-64:2,65:0 (the last k holds for larger batches)",
+             "0 beyond; the profile is named NAME+dynamic-k), profiled (at each batch size the k that decodes the "
+             "most tokens per second at the workload's mean acceptance, as an operator would profile it offline) "
+             "or your own table as FROM-TO:K entries, e.g. 1-32:5,33-64:2,65:0 (the last k holds for larger "
+             "batches); the one-pool baseline runs the same table (the dynamic one with fixed)",
     )  # fmt: skip
     parser.add_argument(
         "--gateways", type=_count, default=1,
@@ -137,6 +139,7 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
     from backends.emulator.scenarios import capacity_qps
     from backends.emulator.simulate import PolicySet
     from backends.emulator.sweep import Plan
+    from backends.emulator.timing import profiled_table
     from backends.spec_schedule import parse_schedule
     from backends.workloads.loader import load_workload
     from backends.workloads.sessions import SESSIONS_DIR, SessionSet, load_sessions
@@ -156,7 +159,10 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
             raise ValueError(f"no workload items in {', '.join(map(str, args.workload))}")
         names = shipped_profiles() if args.profile == "all" else [args.profile]
         profiles = [load_profile(name) for name in names]
-        if args.speculative_k != "fixed":
+        if args.speculative_k == "profiled":  # each profile's table at the mean acceptance its drafter reads
+            profiles = [dynamic_profile(p, profiled_table(p, workload.with_model(p.acceptance_model).mean_acceptance))
+                        for p in profiles]  # fmt: skip
+        elif args.speculative_k != "fixed":
             table = None if args.speculative_k == "dynamic" else parse_schedule(args.speculative_k)
             profiles = [dynamic_profile(profile, table) for profile in profiles]
         reference = load_rules(args.rules) if args.rules else reference_rules()

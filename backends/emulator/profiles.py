@@ -134,6 +134,13 @@ def dynamic_profile(profile: Profile, table: Schedule | None = None) -> Profile:
 DYNAMIC_SUFFIX = "+dynamic-k"
 
 
+def with_dynamic_k(profile: Profile) -> Profile:
+    """What the one-pool baselines run: ``profile`` as it is when its speculative engines already follow a table
+    (``--speculative-k``: both setups then run the same one), else with :func:`dynamic_table`."""
+    own = profile.speculative.num_speculative_tokens_per_batch_size
+    return profile if own is not None else dynamic_profile(profile)
+
+
 def shipped_profiles() -> list[str]:
     return sorted(path.stem for path in PROFILE_DIR.glob("*.yaml"))
 

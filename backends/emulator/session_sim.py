@@ -44,7 +44,7 @@ from typing import Any
 
 from backends.emulator.evaluate import Options
 from backends.emulator.prefix_cache import BLOCK_SIZE
-from backends.emulator.profiles import Profile, dynamic_profile
+from backends.emulator.profiles import Profile, with_dynamic_k
 from backends.emulator.prompt_blocks import chat_blocks
 from backends.emulator.report import SessionSummary, summarise_sessions
 from backends.emulator.scenarios import capacity_qps, request_features
@@ -164,7 +164,7 @@ def session_simulations(
             profile, adaptive, picker=INDEX, learner=Learner(rate, forget, shared), see_cache=True
         )  # fmt: skip
     sims[PLAIN_PREFIX] = lambda: single(STANDARD, PREFIX)
-    sims[DYNAMIC_PREFIX] = lambda: single(SPECULATIVE, PREFIX, dynamic_profile(profile))
+    sims[DYNAMIC_PREFIX] = lambda: single(SPECULATIVE, PREFIX, with_dynamic_k(profile))
     sims[PLAIN_STICKY] = lambda: single(STANDARD, STICKY)
     sims[PLAIN_BLIND] = lambda: single(STANDARD, FEWEST)
     return sims

@@ -57,7 +57,7 @@ from typing import Literal
 
 from backends.emulator.prefix_cache import BLOCK_SIZE
 from backends.emulator.prefix_router import Candidate, prefix_choice
-from backends.emulator.profiles import Profile, dynamic_profile
+from backends.emulator.profiles import Profile, with_dynamic_k
 from backends.emulator.telemetry import FULL, Telemetry, estimated_tokens, has_usage, usage_draw
 from backends.emulator.timing import Engine, EngineRequest, StepOutcome, TimingModel, expected_tokens_per_step
 from backends.workloads.loader import WorkloadItem
@@ -564,7 +564,7 @@ def simulations(
         MYOPIC: lambda: sim(reference, myopic=True),
         # what users could run instead at equal hardware: no second pool, speculation turned down by batch size
         DYNAMIC_POOL: lambda: Simulation(
-            dynamic_profile(profile), fixed_pool_rules(reference, SPECULATIVE), seed, replicas=replicas,
+            with_dynamic_k(profile), fixed_pool_rules(reference, SPECULATIVE), seed, replicas=replicas,
             layout={SPECULATIVE: 2 * replicas, STANDARD: 0}, scrape_interval_s=scrape_interval_s, telemetry=telemetry,
         ),
     }

@@ -68,6 +68,27 @@ def zero_k_overhead(batch: int) -> float:
     return low + weight * (high - low)
 
 
+def profiled_table(profile: Profile, acceptance: float) -> tuple[tuple[int, int, int], ...]:
+    """The dynamic-speculation table an operator would profile offline for ``profile``'s speculative engine: at
+    each batch size from 1 to ``max_num_seqs``, the ``k`` (0 to ``num_speculative_tokens``) that decodes the
+    most tokens per second at the traffic's mean per-token ``acceptance`` (scaled by the drafter's
+    ``acceptance_scale``), ``k = 0`` paying its measured overhead; written as vLLM's ranges."""
+    model = TimingModel(profile, speculative=True)
+    a, cost = model.effective_acceptance(acceptance), profile.speculative.draft_cost_ratio
+    table: list[list[int]] = []
+    for batch in range(1, profile.max_num_seqs + 1):
+        one = model.forward_s(batch)
+        rates = [1.0 / (one * (1.0 + zero_k_overhead(batch)))]
+        rates += [expected_tokens_per_step(a, k) / (k * cost * one + model.forward_s(batch * (k + 1)))
+                  for k in range(1, model.k + 1)]  # fmt: skip
+        best = max(range(len(rates)), key=rates.__getitem__)
+        if table and table[-1][2] == best:
+            table[-1][1] = batch
+        else:
+            table.append([batch, batch, best])
+    return tuple((start, end, k) for start, end, k in table)
+
+
 def draw_accepted(rng: random.Random, acceptance: float, k: int) -> int:
     """Accepted draft tokens of one verification: geometric in ``acceptance``, truncated at ``k``."""
     accepted = 0

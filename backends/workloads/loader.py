@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,6 +221,11 @@ class Workload:
 
     def categories(self) -> list[str]:
         return sorted({item.category for item in self.items})
+
+    @property
+    def mean_acceptance(self) -> float:
+        """The items' mean per-token acceptance: what an operator reads off a speculative pool's counters."""
+        return statistics.fmean(item.acceptance for item in self.items)
 
 
 def prompt_key(messages_or_prompt: str | Sequence[Mapping[str, Any]]) -> str:

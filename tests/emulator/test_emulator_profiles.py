@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from backends.emulator.profiles import ProfileError, dynamic_profile, dynamic_table, load_profile, shipped_profiles
+from backends.emulator.profiles import (
+    ProfileError,
+    dynamic_profile,
+    dynamic_table,
+    load_profile,
+    shipped_profiles,
+    with_dynamic_k,
+)
 from backends.emulator.timing import TimingModel
 
 
@@ -72,3 +79,10 @@ def test_a_table_of_ones_own_is_named_in_the_profile_and_checked_against_its_k()
     assert TimingModel(own, speculative=True).k_for(40) == 2
     with pytest.raises(ProfileError, match=r"h100-8b\+k=1-8:9: speculative: .*between 0 and num_speculative_tokens"):
         dynamic_profile(shipped, ((1, 8, 9),))
+
+
+def test_the_one_pool_baseline_runs_the_speculative_pools_own_table_else_the_stated_one() -> None:
+    shipped = load_profile("h100-8b")
+    assert with_dynamic_k(shipped) == dynamic_profile(shipped)
+    own = dynamic_profile(shipped, ((1, 4, 5), (5, 5, 0)))
+    assert with_dynamic_k(own) is own

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.emulator.profiles import PROFILE_DIR, Profile, SpeculativeConfig, load_profile
+from backends.emulator.profiles import PROFILE_DIR, Profile, SpeculativeConfig, dynamic_profile, load_profile
 from backends.emulator.timing import (
     Engine,
     EngineRequest,
@@ -17,6 +18,7 @@ from backends.emulator.timing import (
     draft_acceptance_rate,
     draw_accepted,
     expected_tokens_per_step,
+    profiled_table,
     zero_k_overhead,
 )
 
@@ -273,3 +275,28 @@ def test_a_profile_table_loads_from_yaml_sorted(tmp_path: Path) -> None:
     spec = load_profile(path).speculative
     assert spec.num_speculative_tokens_per_batch_size == ((1, 8, 3), (9, 256, 0))
     assert (spec.k_at(8), spec.k_at(9)) == (3, 0)
+
+
+@pytest.mark.parametrize("name", ["a100-70b-draft", "h100-8b", "cpu-smollm2"])
+def test_the_profiled_table_picks_the_fastest_k_at_every_batch_size(name: str) -> None:
+    profile = load_profile(name)
+    table = profiled_table(profile, 0.7)
+    assert table[0][0] == 1 and table[-1][1] == profile.max_num_seqs  # every batch size, in vLLM's ranges
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(table))
+    with_table = TimingModel(dynamic_profile(profile, table), speculative=True)
+    for batch in (1, 4, 16, 64, 256):
+        chosen = with_table.k_for(batch)
+        rate = expected_tokens_per_step(0.7 * profile.speculative.acceptance_scale, chosen) / with_table.step_s(batch)
+        for k in range(profile.speculative.num_speculative_tokens + 1):  # no fixed k is faster at this batch
+            fixed = TimingModel(dynamic_profile(profile, ((1, 1, k),)), speculative=True)
+            other = expected_tokens_per_step(0.7 * profile.speculative.acceptance_scale, k) / fixed.step_s(batch)
+            assert rate >= other * (1 - 1e-9), (batch, chosen, k)
+
+
+def test_the_profiled_table_drafts_less_as_the_batch_grows_and_more_when_drafts_are_accepted() -> None:
+    profile = load_profile("h100-8b")
+    low, middle, high = (profiled_table(profile, a) for a in (0.4, 0.6, 0.9))
+    for table in (low, middle, high):
+        assert [k for _, _, k in table] == sorted((k for _, _, k in table), reverse=True)
+    assert middle[-1][2] == 0 and high[-1][2] == 1  # past the knee, only drafts right 9 times in 10 still pay
+    assert low[0][2] < middle[0][2] < high[0][2]  # at batch 1, better drafts are worth more of them

@@ -395,3 +395,12 @@ def test_simulate_cli_names_a_bad_k_table(capsys: pytest.CaptureFixture[str]) ->
     assert "FROM-TO:K" in capsys.readouterr().out
     assert main([*args, "--speculative-k", "1-8:6"]) == 2  # h100-8b drafts 5 at most
     assert "num_speculative_tokens (5)" in capsys.readouterr().out
+
+
+def test_simulate_cli_profiles_a_table_per_profile_for_both_setups(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    args = ["simulate", "--profile", "h100-8b", "--loads", "0.25", "--seeds", "1", "--duration", "20",
+            "--scenarios", "", "--jobs", "1", "--speculative-k", "profiled", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    (name,) = json.loads(out.read_text())
+    assert name.startswith("h100-8b+k=1-") and name.endswith(":0")  # drafts nothing past h100-8b's knee

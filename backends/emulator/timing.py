@@ -74,13 +74,11 @@ def profiled_table(profile: Profile, acceptance: float) -> tuple[tuple[int, int,
     most tokens per second at the traffic's mean per-token ``acceptance`` (scaled by the drafter's
     ``acceptance_scale``), ``k = 0`` paying its measured overhead; written as vLLM's ranges."""
     model = TimingModel(profile, speculative=True)
-    a, cost = model.effective_acceptance(acceptance), profile.speculative.draft_cost_ratio
+    a = model.effective_acceptance(acceptance)
     table: list[list[int]] = []
     for batch in range(1, profile.max_num_seqs + 1):
-        one = model.forward_s(batch)
-        rates = [1.0 / (one * (1.0 + zero_k_overhead(batch)))]
-        rates += [expected_tokens_per_step(a, k) / (k * cost * one + model.forward_s(batch * (k + 1)))
-                  for k in range(1, model.k + 1)]  # fmt: skip
+        rates = [1.0 / (model.forward_s(batch) * (1.0 + zero_k_overhead(batch)))]
+        rates += [expected_tokens_per_step(a, k) / model.speculative_step_s(batch, k) for k in range(1, model.k + 1)]
         best = max(range(len(rates)), key=rates.__getitem__)
         if table and table[-1][2] == best:
             table[-1][1] = batch
@@ -132,9 +130,14 @@ class TimingModel:
         if k == 0 or decoding == 0:
             plain = self.forward_s(batch) + prefill_s
             return plain * (1.0 + zero_k_overhead(batch)) if k == 0 and self.dynamic else plain
+        return self.speculative_step_s(decoding, k, prefill_requests) + prefill_s
+
+    def speculative_step_s(self, decoding: int, k: int, joining: int = 0) -> float:
+        """A step that drafts ``k`` tokens for each of ``decoding`` requests and verifies them (``decoding x
+        (k + 1)`` tokens, plus one for each of ``joining`` prefilling requests), prefill time left out."""
         draft_s = k * self.profile.speculative.draft_cost_ratio * self.forward_s(decoding)
-        verify_s = self.forward_s(decoding * (k + 1) + prefill_requests)
-        return draft_s + verify_s + prefill_s
+        verify_s = self.forward_s(decoding * (k + 1) + joining)
+        return draft_s + verify_s
 
     def effective_acceptance(self, workload_acceptance: float) -> float:
         scaled = workload_acceptance * self.profile.speculative.acceptance_scale

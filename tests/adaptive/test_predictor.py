@@ -171,6 +171,27 @@ def test_the_quality_report_finds_the_content_signal_and_not_a_random_one() -> N
     assert quality.evaluate(noise).gain < 0.15
 
 
+def test_the_offline_reference_finds_the_content_signal_and_not_a_random_one() -> None:
+    """``--offline``: the ridge fitted with hindsight finds the same signal the predictor does, and on shuffled
+    acceptance it cannot do better than the task mean by more than its choice of penalty on the asked half."""
+    rng = random.Random(9)
+    asked = [synthetic.request(rng, i % 2 == 0, synthetic.TOPICS, synthetic.TRANSFORM if i % 2 == 0 else
+                               synthetic.NEW) for i in range(80)]  # fmt: skip
+    messages = [({"role": "system", "content": synthetic.SYSTEM}, {"role": "user", "content": r.user}) for r in asked]
+    items = [_Item(f"i{i}", "chat", r.acceptance, max(r.output_tokens, 20), 512, m)
+             for i, (r, m) in enumerate(zip(asked, messages, strict=True))]  # fmt: skip
+    found = quality.offline_reference(items)
+    assert found.mae_rate_task == pytest.approx(quality.evaluate(items).mae_rate_task)
+    assert found.gain(found.mae_ridge) > 0.3
+    assert found.ridge_penalty in quality.RIDGE_PENALTIES
+    shuffled = [r.acceptance for r in asked]
+    rng.shuffle(shuffled)
+    noise = quality.offline_reference([dataclasses.replace(item, acceptance=a)
+                                       for item, a in zip(items, shuffled, strict=True)])  # fmt: skip
+    assert noise.gain(noise.mae_ridge) < 0.15
+    assert noise.mae_ridge <= noise.mae_rate_task + 1e-3  # the largest penalty gives the task mean back
+
+
 def test_a_report_over_few_steps_moves_the_prediction_less_than_one_over_many() -> None:
     """A three-token answer's acceptance length is the mean of one or two steps: it says little."""
     asked = content("Rewrite this paragraph in plain English, keeping every fact.")

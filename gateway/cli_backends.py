@@ -50,6 +50,7 @@ from backends.render import (
     render_shell,
 )
 from backends.vocab import check_vocabulary
+from gateway import cli_suggest_k
 from gateway.errors import RulesError
 from gateway.rules import load_rules
 
@@ -83,6 +84,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     launch.add_argument("--replicas", type=int, default=1, help="with --cpu alone: replicas per pool (replica i on "
                         "the manifest's port + 2i, a pool's replicas sharing its half of the CPUs)")
     launch.set_defaults(func=run_launch)
+
+    cli_suggest_k.register(actions)
 
 
 def _load(pool: str, cpu: bool) -> PoolManifest:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from backends.emulator.profiles import Profile
     from backends.emulator.sweep import Job, Plan, Result
     from backends.emulator.targets import Target
+    from backends.workloads.loader import Workload
+    from gateway.rules import RoutingRules
 
 DEFAULT_SEEDS = 5
 
@@ -72,13 +74,16 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )  # fmt: skip
     parser.add_argument("--replicas", type=_count, default=1, help="engines per pool")
     parser.add_argument(
-        "--speculative-k", default="fixed", metavar="fixed|dynamic|profiled|TABLE",
+        "--speculative-k", default="fixed", metavar="fixed|dynamic|profiled|learned|TABLE",
         help="specgate's speculative pool: fixed (the profile's k at every batch size, as profiled), dynamic "
              "(vLLM's num_speculative_tokens_per_batch_size: the profile's k up to 8 running requests, 2 to 32, "
              "0 beyond; the profile is named NAME+dynamic-k), profiled (at each batch size the k that decodes the "
-             "most tokens per second at the workload's mean acceptance, as an operator would profile it offline) "
-             "or your own table as FROM-TO:K entries, e.g. 1-32:5,33-64:2,65:0 (the last k holds for larger "
-             "batches); the one-pool baseline runs the same table (the dynamic one with fixed)",
+             "most tokens per second at the workload's mean acceptance, as an operator would profile it offline), "
+             "learned (what `specgate backends suggest-k` reads from the adaptive gateway's model after it served "
+             "the busiest level at fixed k, on a seed of its own: draft up to the batch size where the standard "
+             "pool's learned time per token wins) or your own table as FROM-TO:K entries, e.g. "
+             "1-32:5,33-64:2,65:0 (the last k holds for larger batches); the one-pool baseline runs the same "
+             "table (the dynamic one with fixed)",
     )  # fmt: skip
     parser.add_argument(
         "--gateways", type=_count, default=1,
@@ -132,6 +137,27 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _learned(
+    args: argparse.Namespace, profile: Profile, workload: Workload, adaptive: RoutingRules, qps: list[float] | None,
+    shares: list[float], console: Console,
+) -> Profile:  # fmt: skip
+    """``--speculative-k learned``: the profile with the table its gateway suggests after the busiest level."""
+    from backends.emulator.learned_k import learned_table
+    from backends.emulator.profiles import dynamic_profile
+    from backends.emulator.scenarios import capacity_qps
+    from gateway.adaptive.suggest_k import table_text
+
+    top = max(qps) / capacity_qps(profile, workload) if qps else max(shares)
+    found = learned_table(profile, workload, adaptive, top, args.duration, args.seed, args.replicas)
+    if not found.table:
+        console.print(f"{profile.name}: the learning run saw too little of both pools to suggest a table: fixed k")
+        return profile
+    where = f"stops at batch {found.stop_at}" if found.stop_at else "pays at every batch size seen"
+    console.print(f"{profile.name}: learned at {top:.0%} (EMULATED): drafting {where} (judged "
+                  f"{found.judged_from}-{found.judged_to}); table {table_text(found.table)}")  # fmt: skip
+    return dynamic_profile(profile, found.table)
+
+
 def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
     """One plan per profile from the arguments, or None (after saying why) when they are not usable."""
     from backends.emulator.evaluate import Options
@@ -162,7 +188,7 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
         if args.speculative_k == "profiled":  # each profile's table at the mean acceptance its drafter reads
             profiles = [dynamic_profile(p, profiled_table(p, workload.with_model(p.acceptance_model).mean_acceptance))
                         for p in profiles]  # fmt: skip
-        elif args.speculative_k != "fixed":
+        elif args.speculative_k not in ("fixed", "learned"):
             table = None if args.speculative_k == "dynamic" else parse_schedule(args.speculative_k)
             profiles = [dynamic_profile(profile, table) for profile in profiles]
         reference = load_rules(args.rules) if args.rules else reference_rules()
@@ -170,6 +196,8 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
         shares = [float(v) for v in args.loads.split(",") if v.strip()]
         qps = [float(v) for v in args.qps.split(",") if v.strip()] if args.qps else None
         scenarios = () if sessions else tuple(v.strip() for v in args.scenarios.split(",") if v.strip())
+        if args.speculative_k == "learned" and (qps or shares):
+            profiles = [_learned(args, p, workload, adaptive, qps, shares, console) for p in profiles]
     except (ProfileError, ValueError, OSError) as exc:
         console.print(f"specgate simulate: {exc}")
         return None

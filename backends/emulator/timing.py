@@ -16,7 +16,8 @@ and then delivers the tokens.
 - Dynamic speculation (vLLM's ``num_speculative_tokens_per_batch_size``, in the profile's speculative block):
   each step drafts the ``k`` of its batch size (running requests, prefills included). A step at ``k = 0``
   drafts nothing and decodes as a plain engine would, but is not free: the drafter still runs, so the whole
-  step takes ``1 + zero_k_overhead(B)`` times a plain engine's (see :func:`zero_k_overhead`).
+  step takes ``1 + zero_k_overhead(B)`` times a plain engine's (``gateway.adaptive.suggest_k``: vLLM issue
+  #49548's two measured points, interpolated in log batch size; the gateway's k-table suggestion reads the same).
 - Prefix caching (``prefix_cache.py``): a request that carries its prompt's block hashes prefills only the
   part not already cached; its blocks are shared with the other running requests and kept, once free, in LRU
   order in the KV space the running requests leave. A request without block hashes (``None``) caches nothing.
@@ -29,19 +30,13 @@ and then delivers the tokens.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
 
 from backends.emulator.prefix_cache import BLOCK_SIZE, PrefixCache
 from backends.emulator.profiles import Profile
-
-# The cost of having speculation configured while it drafts nothing (k = 0), against an engine with no
-# speculative config: vLLM issue #49548 (comment of 2026-08-24; vLLM 0.27.1, H100 NVL, Gemma-4-31B FP8 with a
-# drafter, a k = 0 dynamic schedule, 400-token context): TPOT 14.374 -> 15.317 ms (+6.56 %) at concurrency 2,
-# 77.164 -> 93.820 ms (+21.58 %) at concurrency 189, zero draft tokens in both. (batch, extra share of a step)
-ZERO_K_OVERHEAD: tuple[tuple[int, float], tuple[int, float]] = ((2, 0.0656), (189, 0.2158))
+from gateway.adaptive.suggest_k import zero_k_overhead
 
 
 def expected_tokens_per_step(acceptance: float, k: int) -> float:
@@ -54,18 +49,6 @@ def expected_tokens_per_step(acceptance: float, k: int) -> float:
 def draft_acceptance_rate(acceptance: float, k: int) -> float:
     """vLLM's accepted / drafted tokens for a per-token acceptance ``a``."""
     return (expected_tokens_per_step(acceptance, k) - 1.0) / k
-
-
-def zero_k_overhead(batch: int) -> float:
-    """Extra share of a step's time when a speculative engine runs ``k = 0`` with ``batch`` requests: the two
-    measured points of :data:`ZERO_K_OVERHEAD`, interpolated in log batch size and held flat outside them."""
-    (low_batch, low), (high_batch, high) = ZERO_K_OVERHEAD
-    if batch <= low_batch:
-        return low
-    if batch >= high_batch:
-        return high
-    weight = math.log(batch / low_batch) / math.log(high_batch / low_batch)
-    return low + weight * (high - low)
 
 
 def profiled_table(profile: Profile, acceptance: float) -> tuple[tuple[int, int, int], ...]:

@@ -1,0 +1,143 @@
+"""``specgate backends suggest-k``: where the speculative pool should stop drafting, from the learned curves."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import respx
+import yaml
+
+from backends.emulator.learned_k import learned_table
+from backends.emulator.profiles import load_profile
+from backends.emulator.timing import TimingModel, expected_tokens_per_step
+from backends.spec_schedule import validate_schedule
+from backends.workloads.loader import load_workload
+from gateway.adaptive.suggest_k import suggest_k, table_text, zero_k_overhead
+from gateway.adaptive.views import GRID_LOADS
+from gateway.cli import main
+from gateway.rules import default_rules
+
+
+def pool(tpot_ms: Callable[[float], float], seen: Callable[[float], bool] = lambda load: True) -> dict[str, Any]:
+    grid = [{"load": load, "ttft_ms": 50.0, "tpot_ms": tpot_ms(load), "samples": 20.0 if seen(load) else 0.0}
+            for load in GRID_LOADS]  # fmt: skip
+    return {"by_load": grid}
+
+
+def view(standard: dict[str, Any], speculative: dict[str, Any]) -> dict[str, Any]:
+    return {"pools": {"standard": standard, "speculative": speculative}}
+
+
+def test_drafting_stops_at_the_first_batch_where_the_standard_pools_time_with_the_overhead_wins() -> None:
+    # standard: 10 ms flat then linear; speculative: 4 ms at batch 1, growing 3x faster
+    std = pool(lambda load: 10.0 + 0.5 * load)
+    spec = pool(lambda load: 4.0 + 1.5 * load)
+    found = suggest_k(view(std, spec), k=4)
+    expected = next(b for b in range(1, 257) if 4.0 + 1.5 * b > (10.0 + 0.5 * b) * (1 + zero_k_overhead(b)))
+    # the view's grid is read piecewise linear in log2(1 + load), so the stop lands near the straight-line one
+    assert found.stop_at is not None and abs(found.stop_at - expected) <= 2
+    assert found.table == ((1, found.stop_at - 1, 4), (found.stop_at, found.stop_at, 0))
+    validate_schedule(found.table, 4)  # vLLM's own rules for the table
+    assert found.rows[-1].batch == found.stop_at and found.rows[-1].speculative_ms > found.rows[-1].zero_k_ms
+    assert all(row.speculative_ms <= row.zero_k_ms for row in found.rows[:-1])
+
+
+def test_the_k_zero_overhead_keeps_drafting_where_the_pools_are_close() -> None:
+    """Speculative 5 % slower than standard: still cheaper than k = 0, which costs 6.6-21.6 % more."""
+    found = suggest_k(view(pool(lambda load: 10.0 + load), pool(lambda load: 1.05 * (10.0 + load))), k=3)
+    assert found.stop_at is None
+    assert found.table == ((1, 256, 3),)
+
+
+def test_a_pool_of_several_replicas_is_read_at_its_batch_size_times_its_replicas() -> None:
+    """Batch b on each of two speculative replicas is pool load 2b: the same curves stop drafting twice as early
+    as for one replica (in batch size)."""
+    std, spec = pool(lambda load: 10.0), pool(lambda load: 4.0 + 0.5 * load)
+    one = suggest_k(view(std, spec), k=4)
+    two = suggest_k(view(std, spec), k=4, speculative_replicas=2)
+    assert one.stop_at is not None and two.stop_at is not None
+    assert two.stop_at == pytest.approx(one.stop_at / 2, abs=1)
+
+
+def test_only_batch_sizes_both_pools_were_seen_near_are_judged() -> None:
+    """A gateway that only ever served busy traffic has not seen either pool nearly idle: the batch sizes below
+    are taken to draft; past the loads seen nothing is claimed."""
+    std = pool(lambda load: 10.0 + 0.1 * load, seen=lambda load: 7 <= load <= 63)
+    spec = pool(lambda load: 4.0 + 0.1 * load, seen=lambda load: 3 <= load <= 31)
+    found = suggest_k(view(std, spec), k=2)
+    assert found.stop_at is None
+    assert 3 < found.judged_from <= 7 and 31 <= found.judged_to < 63  # samples read between grid points too
+    assert found.table == ((1, found.judged_to, 2),)
+    nothing = suggest_k(view(pool(lambda load: 10.0, seen=lambda load: False), spec), k=2)
+    assert nothing.table == () and nothing.judged_to == 0
+
+
+def test_a_speculative_pool_slower_from_the_first_request_never_drafts() -> None:
+    assert suggest_k(view(pool(lambda load: 10.0), pool(lambda load: 20.0)), k=4).table == ((1, 1, 0),)
+
+
+def test_it_refuses_a_view_without_both_pools_and_nonsense_arguments() -> None:
+    with pytest.raises(ValueError, match="both pools"):
+        suggest_k({"pools": {"standard": pool(lambda load: 1.0)}}, k=4)
+    with pytest.raises(ValueError, match="at least 1"):
+        suggest_k(view(pool(lambda load: 1.0), pool(lambda load: 1.0)), k=0)
+    assert table_text(((1, 5, 4), (6, 6, 0))) == "1-5:4,6-6:0"
+
+
+def test_learned_on_the_emulator_it_stops_near_where_the_timing_model_says_drafting_stops_paying() -> None:
+    """h100-8b at 150 % (EMULATED, the shipped dev items): the gateway's suggestion from its own learned curves
+    lands within a factor of two of the batch size where, by the emulator's timing model at the traffic's
+    mean acceptance, a step at the profile's k decodes fewer tokens a second than a k = 0 step."""
+    profile, workload = load_profile("h100-8b"), load_workload()
+    found = learned_table(profile, workload, default_rules(), 1.5, 60.0, seed=0)
+    model = TimingModel(profile, speculative=True)
+    a = model.effective_acceptance(workload.with_model(profile.acceptance_model).mean_acceptance)
+
+    def drafting_pays(batch: int) -> bool:
+        spec = expected_tokens_per_step(a, model.k) / model.speculative_step_s(batch, model.k)
+        return spec > 1.0 / (model.forward_s(batch) * (1.0 + zero_k_overhead(batch)))
+
+    truth = next(b for b in range(1, 257) if not drafting_pays(b))
+    assert found.stop_at is not None
+    assert truth / 2 <= found.stop_at <= truth * 2, (found, truth)
+    assert found.table[-1][2] == 0 and found.table[0][2] == model.k
+
+
+@respx.mock
+def test_the_command_prints_the_manifest_entry(capsys: pytest.CaptureFixture[str]) -> None:
+    std, spec = pool(lambda load: 10.0 + 0.5 * load), pool(lambda load: 4.0 + 1.5 * load)
+    respx.get("http://gw:8000/v1/route/model").mock(return_value=httpx.Response(200, json=view(std, spec)))
+    assert main(["backends", "suggest-k", "http://gw:8000", "--k", "4"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("num_speculative_tokens_per_batch_size:"))
+    entries = yaml.safe_load(line)["num_speculative_tokens_per_batch_size"]  # as it goes into the manifest
+    validate_schedule(entries, 4)
+    assert entries[-1][2] == 0 and "drafting stops paying at batch size" in out
+    assert "specgate simulate --speculative-k 1-" in out
+
+
+@respx.mock
+def test_the_command_says_why_it_has_nothing_to_suggest(capsys: pytest.CaptureFixture[str]) -> None:
+    respx.get("http://gw:8000/v1/route/model").mock(return_value=httpx.Response(200, json={"pools": {}}))
+    assert main(["backends", "suggest-k", "http://gw:8000", "--k", "4"]) == 1
+    assert "both pools" in capsys.readouterr().err
+    respx.get("http://gw:8000/v1/route/model").mock(return_value=httpx.Response(401))
+    assert main(["backends", "suggest-k", "http://gw:8000", "--k", "4"]) == 1
+
+
+def test_simulate_learns_a_table_per_profile_before_the_measured_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim.json"
+    args = ["simulate", "--profile", "h100-8b", "--loads", "0.25,1.5", "--seeds", "1", "--duration", "30",
+            "--scenarios", "", "--jobs", "1", "--speculative-k", "learned", "--json", str(out)]  # fmt: skip
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "learned at 150% (EMULATED)" in text  # the busiest level
+    (name,) = json.loads(out.read_text())
+    assert name.startswith("h100-8b+k=1-") and name.endswith(":0")  # drafts nothing past the learned stop

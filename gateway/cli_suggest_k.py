@@ -16,7 +16,7 @@ def register(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     parser = actions.add_parser(
         "suggest-k",
         help="suggest the speculative pool's num_speculative_tokens_per_batch_size (vLLM >= 0.32) from a gateway's "
-             "learned model: draft up to the batch size where the standard pool's time per token wins",
+             "learned model: per batch size the k with the most tokens a second by both pools' learned times",
     )  # fmt: skip
     parser.add_argument("url", help="the gateway's base URL (reads GET URL/v1/route/model)")
     parser.add_argument("--k", type=int, required=True, help="the speculative pool's num_speculative_tokens")
@@ -39,13 +39,17 @@ def run_suggest_k(args: argparse.Namespace) -> int:
         print(f"specgate backends suggest-k: {exc}", file=sys.stderr)
         return 1
     console = Console()
-    table = Table(title="learned time per output token by batch size (ms)")
-    for column in ("batch", "speculative (k)", "standard", "speculative at k = 0 (+overhead)"):
+    table = Table(title="learned time per output token by batch size (ms), and the k chosen")
+    for column in ("batch", f"speculative (k = {args.k})", "standard", "at k = 0 (+overhead)", "k"):
         table.add_column(column, justify="right")
     for row in found.rows:
         table.add_row(str(row.batch), f"{row.speculative_ms:.2f}", f"{row.standard_ms:.2f}",
-                      f"{row.zero_k_ms:.2f} (+{zero_k_overhead(row.batch):.1%})")  # fmt: skip
+                      f"{row.zero_k_ms:.2f} (+{zero_k_overhead(row.batch):.1%})", str(row.k))  # fmt: skip
     console.print(table)
+    if found.acceptance_length is None:
+        console.print("the speculative pool reports no acceptance: only k against k = 0 was judged")
+    else:
+        console.print(f"the speculative pool's mean acceptance length: {found.acceptance_length:.2f} tokens a step")
     if not found.table:
         print("not enough samples at any batch size on both pools yet: nothing to suggest", file=sys.stderr)
         return 1

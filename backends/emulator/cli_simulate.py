@@ -79,11 +79,11 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
              "(vLLM's num_speculative_tokens_per_batch_size: the profile's k up to 8 running requests, 2 to 32, "
              "0 beyond; the profile is named NAME+dynamic-k), profiled (at each batch size the k that decodes the "
              "most tokens per second at the workload's mean acceptance, as an operator would profile it offline), "
-             "learned (what `specgate backends suggest-k` reads from the adaptive gateway's model after it served "
-             "the busiest level at fixed k, on a seed of its own: draft up to the batch size where the standard "
-             "pool's learned time per token wins) or your own table as FROM-TO:K entries, e.g. "
-             "1-32:5,33-64:2,65:0 (the last k holds for larger batches); the one-pool baseline runs the same "
-             "table (the dynamic one with fixed)",
+             "learned (what `specgate backends suggest-k` reads from the adaptive gateway's model after a ramp "
+             "from the lowest level to the busiest and back at fixed k, on a seed of its own: per batch size the k "
+             "with the most tokens a second by both pools' learned times per token) or your own table as "
+             "FROM-TO:K entries, e.g. 1-32:5,33-64:2,65:0 (the last k holds for larger batches); the one-pool "
+             "baseline runs the same table (the dynamic one with fixed)",
     )  # fmt: skip
     parser.add_argument(
         "--gateways", type=_count, default=1,
@@ -147,13 +147,14 @@ def _learned(
     from backends.emulator.scenarios import capacity_qps
     from gateway.adaptive.suggest_k import table_text
 
-    top = max(qps) / capacity_qps(profile, workload) if qps else max(shares)
-    found = learned_table(profile, workload, adaptive, top, args.duration, args.seed, args.replicas)
+    levels = [v / capacity_qps(profile, workload) for v in qps] if qps else shares
+    low, top = min(levels), max(levels)
+    found = learned_table(profile, workload, adaptive, low, top, args.duration, args.seed, args.replicas)
     if not found.table:
         console.print(f"{profile.name}: the learning run saw too little of both pools to suggest a table: fixed k")
         return profile
     where = f"stops at batch {found.stop_at}" if found.stop_at else "pays at every batch size seen"
-    console.print(f"{profile.name}: learned at {top:.0%} (EMULATED): drafting {where} (judged "
+    console.print(f"{profile.name}: learned over a ramp {low:.0%}-{top:.0%} (EMULATED): drafting {where} (judged "
                   f"{found.judged_from}-{found.judged_to}); table {table_text(found.table)}")  # fmt: skip
     return dynamic_profile(profile, found.table)
 

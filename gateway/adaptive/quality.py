@@ -30,6 +30,8 @@ from typing import Protocol
 
 from gateway.adaptive.content import Content, ContentReader
 from gateway.adaptive.predictor import Predictor
+from gateway.adaptive.suggest_k import per_token_acceptance as rate_of
+from gateway.adaptive.suggest_k import tokens_per_step
 from gateway.features import Classifier, extract_features
 from gateway.rules import RoutingRules, default_rules
 
@@ -64,20 +66,6 @@ class Quality:
     def gain(self) -> float:
         """How much lower the predictor's acceptance error is than the task mean's (0.3: 30 % lower)."""
         return 1.0 - self.mae_rate / self.mae_rate_task if self.mae_rate_task else 0.0
-
-
-def tokens_per_step(rate: float, k: int) -> float:
-    """Mean tokens a speculative step emits at per-token acceptance ``rate``: ``(1 - a^(k+1)) / (1 - a)``."""
-    return float(k + 1) if rate >= 1.0 else (1.0 - rate ** (k + 1)) / (1.0 - rate)
-
-
-def rate_of(length: float, k: int) -> float:
-    """The per-token acceptance whose :func:`tokens_per_step` is ``length`` (bisection)."""
-    low, high = 0.0, 1.0
-    for _ in range(40):
-        mid = (low + high) / 2
-        low, high = (mid, high) if tokens_per_step(mid, k) < length else (low, mid)
-    return (low + high) / 2
 
 
 def reported_length(rng: random.Random, rate: float, k: int, tokens: int) -> float:

@@ -1,21 +1,27 @@
-"""Where the speculative pool should stop drafting, from what a gateway learned of both pools.
+"""The speculative pool's k per batch size, from what a gateway learned of both pools.
 
 vLLM (>= 0.32) takes ``num_speculative_tokens_per_batch_size`` in ``--speculative-config``: a ``k`` per range of
-batch sizes, ``k = 0`` allowed. The gateway cannot see what another ``k`` would do, but it learns both pools'
-time per output token as their load grows (``GET /v1/route/model``, ``by_load``): the speculative pool at its
-``k`` and at the acceptance of the traffic it served, the standard pool without drafts. A speculative engine
-running ``k = 0`` steps as a plain one does plus a measured overhead (vLLM issue #49548: +6.56 % at
-concurrency 2, +21.58 % at 189; interpolated in log batch size, as the emulator does). So, per batch size,
-the speculative pool should draft where its learned time per token beats the standard pool's times that
-overhead, and stop from the first batch size where it does not:
+batch sizes, ``k = 0`` allowed. The gateway learns both pools' time per output token as their load grows
+(``GET /v1/route/model``, ``by_load``): the speculative pool at its ``k`` (``K``) and at the mean acceptance
+length ``E_K`` of the traffic it served (``acceptance_length_mean``), the standard pool without drafts. At
+batch size ``B`` that gives two step times: a plain step ``T_0(B)`` (the standard pool's time per token: one
+token a step) and a speculative step ``T_K(B)`` (the speculative pool's time per token x ``E_K``).
 
-    k                  for batch sizes 1 .. B - 1
-    0                  from B on (vLLM keeps the last range's k for every larger batch)
+- **Other k.** A speculative step is ``k`` draft passes plus one verification of ``B x (k + 1)`` tokens, both
+  linear in ``k`` whether the device is memory- or compute-bound, so ``T_k = T_0 + k / K x (T_K - T_0)``
+  (an assumption; exact in the emulator away from the bend between the two regimes). The per-token acceptance
+  ``a`` solves ``(1 - a^(K+1)) / (1 - a) = E_K``; ``k`` drafts give ``E_k = (1 - a^(k+1)) / (1 - a)`` tokens.
+- **k = 0 is not free.** A speculative engine at ``k = 0`` steps as a plain one plus a measured overhead (vLLM
+  issue #49548: +6.56 % at concurrency 2, +21.58 % at 189; interpolated in log batch size, as the emulator
+  does): ``T_0 x (1 + overhead(B))``.
+- At each batch size the ``k`` with the most tokens a second, ``E_k / T_k``, is chosen, from batch size 1 up
+  to the first where ``k = 0`` wins; from there on 0 (vLLM keeps the last range's ``k`` for larger batches).
+  Where the pool reports no acceptance, only that switch is judged (``K`` against ``k = 0``).
 
 A pool's load is its requests (running and waiting) over its replicas; batch size ``b`` on every replica of
 a pool of ``r`` replicas is pool load ``b x r``. Only batch sizes where both pools' curves have samples are
 judged (a gateway that served busy traffic has seen neither pool nearly idle: below the first judged batch
-size drafting is taken to pay, as it does most where batches are small); past them nothing is claimed.
+size the pool keeps its ``K``, as drafting pays most where batches are small); past them nothing is claimed.
 Pure (no I/O): it reads the model view's dictionary.
 """
 
@@ -48,15 +54,17 @@ class Row:
     speculative_ms: float  # learned time per output token on the speculative pool at this batch size
     standard_ms: float  # ... on the standard pool
     zero_k_ms: float  # the standard pool's, plus the k = 0 overhead: what the speculative pool would run at k = 0
+    k: int  # the k with the most tokens a second at this batch size
 
 
 @dataclass(frozen=True, slots=True)
 class KSuggestion:
     table: tuple[tuple[int, int, int], ...]  # [from, to, k] entries; empty when nothing was judged
-    stop_at: int | None  # the first batch size where drafting stops paying; None: not within what was seen
+    stop_at: int | None  # the first batch size where drafting stops paying (k = 0); None: not within what was seen
     judged_from: int  # the smallest batch size both pools were seen near (0: none)
     judged_to: int  # the largest judged (the stop, or the largest both were seen near)
-    rows: tuple[Row, ...]  # the batch sizes judged (powers of two and the switch), for the report
+    rows: tuple[Row, ...]  # for the report: the first judged, powers of two, each change of k, the stop
+    acceptance_length: float | None  # E_K read from the view (None: the pool reports no acceptance)
 
 
 def _curve(pool: Mapping[str, Any]) -> list[tuple[float, float, float]]:
@@ -88,30 +96,64 @@ def suggest_k(
     if "standard" not in pools or "speculative" not in pools:
         raise ValueError("the gateway has not learned both pools yet (GET /v1/route/model shows no curve for one)")
     standard, speculative = _curve(pools["standard"]), _curve(pools["speculative"])
+    acceptance = pools["speculative"].get("acceptance_length_mean")
+    rate = per_token_acceptance(float(acceptance), k) if acceptance else None
     rows: list[Row] = []
+    chosen: list[int] = []  # the k per judged batch size, from judged_from on
     stop_at, judged_from, judged_to = None, 0, 0
     for batch in range(1, max_batch + 1):
         spec_ms, spec_n = _at(speculative, float(batch * speculative_replicas))
         std_ms, std_n = _at(standard, float(batch * standard_replicas))
         if min(spec_n, std_n) < min_samples:  # a pool not seen near this load (busy traffic: the low loads)
+            if judged_from:
+                break  # past what was seen: nothing claimed
             continue
         judged_from, judged_to = judged_from or batch, batch
-        row = Row(batch, spec_ms, std_ms, std_ms * (1.0 + zero_k_overhead(batch)))
-        if spec_ms > row.zero_k_ms:
+        zero_ms = std_ms * (1.0 + zero_k_overhead(batch))
+        if rate is None:
+            best = k if spec_ms <= zero_ms else 0
+        else:
+            best = best_k(rate, k, std_ms, spec_ms * float(acceptance), zero_ms)
+        row = Row(batch, spec_ms, std_ms, zero_ms, best)
+        if batch == judged_from or batch & (batch - 1) == 0 or best != chosen[-1] or best == 0:
+            rows.append(row)
+        chosen.append(best)
+        if best == 0:
             stop_at = batch
-            rows.append(row)
             break
-        if batch & (batch - 1) == 0 or batch == judged_from:
-            rows.append(row)
-    if judged_to == 0:
-        table: tuple[tuple[int, int, int], ...] = ()
-    elif stop_at is None:
-        table = ((1, judged_to, k),)
-    elif stop_at == 1:
-        table = ((1, 1, 0),)
-    else:  # below the first batch size judged, drafting is taken to pay (it pays most where batches are small)
-        table = ((1, stop_at - 1, k), (stop_at, stop_at, 0))
-    return KSuggestion(table, stop_at, judged_from, judged_to, tuple(rows))
+    table: list[list[int]] = [[1, judged_from - 1, k]] if judged_from > 1 else []
+    for offset, best in enumerate(chosen):
+        batch = judged_from + offset
+        if table and table[-1][2] == best:
+            table[-1][1] = batch
+        else:
+            table.append([batch, batch, best])
+    entries = tuple((a, b, c) for a, b, c in table)
+    return KSuggestion(
+        entries, stop_at, judged_from, judged_to, tuple(rows), None if rate is None else float(acceptance)
+    )
+
+
+def tokens_per_step(rate: float, k: int) -> float:
+    """Mean tokens a step emits with ``k`` drafts at per-token acceptance ``rate``: ``(1 - a^(k+1)) / (1 - a)``."""
+    return float(k + 1) if rate >= 1.0 else (1.0 - rate ** (k + 1)) / (1.0 - rate)
+
+
+def per_token_acceptance(length: float, k: int) -> float:
+    """The per-token acceptance whose :func:`tokens_per_step` at ``k`` is ``length`` (bisection; clipped)."""
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if tokens_per_step(mid, k) < length else (low, mid)
+    return (low + high) / 2
+
+
+def best_k(rate: float, k: int, plain_ms: float, speculative_step_ms: float, zero_k_ms: float) -> int:
+    """The ``k`` (0 to ``k``) with the most tokens a second: ``k = 0`` at ``zero_k_ms`` a token, ``j >= 1`` at
+    ``tokens_per_step(rate, j)`` tokens a step of ``plain_ms + j / k x (speculative_step_ms - plain_ms)``."""
+    extra = max(speculative_step_ms - plain_ms, 0.0) / k
+    speeds = [1.0 / zero_k_ms] + [tokens_per_step(rate, j) / (plain_ms + j * extra) for j in range(1, k + 1)]
+    return max(range(k + 1), key=speeds.__getitem__)
 
 
 def table_text(table: Sequence[Sequence[int]]) -> str:

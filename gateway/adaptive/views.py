@@ -72,6 +72,9 @@ def _pool_view(pool: PoolModel, now_s: float) -> dict[str, Any]:
         "ttft_factor_by_prompt_tokens": {
             _prompt_label(b): _factor(off) for b, off in sorted(pool.ttft_offsets.items())
         },
+        # the pool's geometric mean acceptance length (tokens per step; its curve's tpot is at this acceptance):
+        # None where the pool reports none (a standard pool)
+        "acceptance_length_mean": None if pool.acceptance_mean is None else round(math.exp(pool.acceptance_mean), 4),
         "acceptance_length_by_segment": {
             seg: {"mean": round(off.value, 3), "samples": round(off.weight, 1)}
             for seg, off in sorted(pool.acceptance.items())

@@ -197,6 +197,9 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
         shares = [float(v) for v in args.loads.split(",") if v.strip()]
         qps = [float(v) for v in args.qps.split(",") if v.strip()] if args.qps else None
         scenarios = () if sessions else tuple(v.strip() for v in args.scenarios.split(",") if v.strip())
+        if args.speculative_k == "learned" and sessions is not None:
+            raise ValueError("--speculative-k learned learns on single-turn traffic: run it with --workload and "
+                             "pass the table it prints to the sessions run")  # fmt: skip
         if args.speculative_k == "learned" and (qps or shares):
             profiles = [_learned(args, p, workload, adaptive, qps, shares, console) for p in profiles]
     except (ProfileError, ValueError, OSError) as exc:

@@ -179,3 +179,10 @@ def test_simulate_learns_a_table_per_profile_before_the_measured_runs(
     assert name.startswith("h100-8b+k=1-")
     ks = [int(entry.rsplit(":", 1)[1]) for entry in name.split("=", 1)[1].split(",")]
     assert ks == sorted(ks, reverse=True) and len(ks) >= 2  # fewer drafts as batches grow
+
+
+def test_simulate_refuses_to_learn_a_table_on_sessions(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["simulate", "--profile", "h100-8b", "--sessions", "shipped", "--loads", "0.25", "--seeds", "1",
+            "--speculative-k", "learned"]  # fmt: skip
+    assert main(args) == 2
+    assert "learns on single-turn traffic" in capsys.readouterr().out

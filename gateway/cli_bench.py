@@ -88,6 +88,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     route.add_argument("--repeat", type=int, default=2, help="passes over the four phases per level, each in the "
                        "reverse order of the one before (default 2: drift in the machine's speed weighs on all alike)")
     route.add_argument("--json", type=Path, help="also write the results as JSON")
+    route.add_argument("--suggest-k", type=int, metavar="K", help="the speculative pool's k: after the run, print "
+                       "the k table `specgate backends suggest-k` reads from the adaptive gateway's model")
     route.set_defaults(func=run_route)
     sessions = bench_sub.add_parser(
         "sessions", help="multi-turn conversations through the gateway to two real pools: pinned, cache-blind, "
@@ -187,7 +189,7 @@ def run_route(args: argparse.Namespace) -> int:
         raise SystemExit(f"specgate bench route: {exc}") from exc
     config = route.RouteConfig(
         args.standard.rstrip("/"), args.speculative.rstrip("/"), items, levels, args.max_tokens, args.min_samples,
-        repeat=args.repeat,
+        repeat=args.repeat, suggest_k=args.suggest_k,
     )
     result = route.bench_route(config)
     route.report(result, Console(width=160))

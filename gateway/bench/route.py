@@ -30,6 +30,7 @@ from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
 
+from gateway.adaptive.suggest_k import KSuggestion, suggest_k, table_text
 from gateway.app import create_app
 from gateway.bench.compare import BenchItem
 from gateway.config import Settings
@@ -51,6 +52,7 @@ class RouteConfig:
     timeout_s: float = 300.0
     health_timeout_s: float = 15.0
     model: str | None = None
+    suggest_k: int | None = None  # the speculative pool's k: after the run, what suggest-k reads from the model
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class RouteResult:
     # per pool: its learned time-per-token factor while the other pool is busy (shared hardware; 1.0: none seen)
     while_other_busy: dict[str, float] = field(default_factory=dict)
     while_other_busy_fit: dict[str, Any] = field(default_factory=dict)  # what each was read from (None: no spread)
+    k_suggestion: KSuggestion | None = None  # --suggest-k: the adaptive gateway's suggested k table
 
     def mean(self, concurrency: int, phase: str, category: str | None = None) -> float:
         chosen = [o.latency_s for o in self.outcomes[concurrency, phase] if category in (None, o.item.category)]
@@ -160,6 +163,8 @@ async def _drive(config: RouteConfig, adaptive_url: str, rules_url: str, result:
         pools = view.get("pools") or {}
         result.while_other_busy = {name: pool.get("tpot_factor_while_other_busy", 1.0) for name, pool in pools.items()}
         result.while_other_busy_fit = {name: pool.get("while_other_busy_fit") for name, pool in pools.items()}
+        if config.suggest_k is not None and len(pools) == 2:
+            result.k_suggestion = suggest_k(view, config.suggest_k, min_samples=1.0)  # a short run's few samples
 
 
 async def warm_up(client: httpx.AsyncClient, urls: Iterable[str], model: str, system: str | None = None) -> None:
@@ -205,6 +210,12 @@ def report(result: RouteResult, console: Console) -> None:
         + (f"{result.learned_after} finished requests" if result.learned_after is not None else "more than ran")
         + " (pinned phases included); before that the reference rules decided (warm-up)"
     )
+    if result.k_suggestion is not None:
+        found = result.k_suggestion
+        where = f"k = 0 from batch {found.stop_at}" if found.stop_at else "no k = 0 within what it saw"
+        accepted = "none reported" if found.acceptance_length is None else f"{found.acceptance_length:.2f}"
+        console.print(f"suggested speculative k table (suggest-k): {table_text(found.table) or 'none'} ({where}; "
+                      f"batch sizes judged {found.judged_from}-{found.judged_to}; mean acceptance length {accepted})")
     if result.while_other_busy:
         console.print(
             "learned: time per token while the other pool has work, over while it is idle (shared hardware): "
@@ -218,6 +229,11 @@ def to_json(result: RouteResult) -> dict[str, Any]:
         "learned_after": result.learned_after,
         "while_other_busy": result.while_other_busy,
         "while_other_busy_fit": result.while_other_busy_fit,
+        "k_suggestion": None if result.k_suggestion is None else {
+            "table": [list(entry) for entry in result.k_suggestion.table], "stop_at": result.k_suggestion.stop_at,
+            "judged": [result.k_suggestion.judged_from, result.k_suggestion.judged_to],
+            "acceptance_length": result.k_suggestion.acceptance_length,
+        },
         "levels": {
             str(c): {phase: result.mean(c, phase) for phase in PHASES}
             for c in sorted({c for c, _ in result.outcomes})

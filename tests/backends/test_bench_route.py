@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from backends.cpu_engine import CpuPair
+from backends.spec_schedule import validate_schedule
 from backends.workloads.loader import DATA_DIR
 from gateway.cli import main
 
@@ -20,6 +21,7 @@ def test_bench_route_on_real_pools(cpu_pools: CpuPair, tmp_path: Path, capsys: p
         "bench", "route", "--standard", cpu_pools.standard.url, "--speculative", cpu_pools.speculative.url,
         "--workload", str(DATA_DIR / "code.yaml"), "--workload", str(DATA_DIR / "chat.yaml"), "--per-category", "2",
         "--concurrency", "1,4", "--max-tokens", "16", "--min-samples", "4", "--repeat", "2", "--json", str(out),
+        "--suggest-k", "4",
     ])  # fmt: skip
     printed = capsys.readouterr().out
     print(printed)
@@ -36,3 +38,10 @@ def test_bench_route_on_real_pools(cpu_pools: CpuPair, tmp_path: Path, capsys: p
     adaptive = [o for o in result["outcomes"] if o["phase"] == "adaptive" and o["concurrency"] == 4]
     assert all(o["reason"].startswith("fastest") for o in adaptive)
     assert "specgate bench route: real pools" in printed
+    # suggest-k on what the adaptive gateway learned from the real engines: a table vLLM would take for the CPU
+    # pool (k = 4, n-gram), read around the acceptance the real speculative engine reported per request
+    suggestion = result["k_suggestion"]
+    assert suggestion is not None and suggestion["table"], printed
+    validate_schedule(suggestion["table"], 4)
+    assert 1.0 < suggestion["acceptance_length"] <= 5.0
+    assert "suggested speculative k table (suggest-k)" in printed

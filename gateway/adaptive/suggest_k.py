@@ -101,6 +101,9 @@ def suggest_k(
         raise ValueError("the gateway has not learned both pools yet (GET /v1/route/model shows no curve for one)")
     standard, speculative = _curve(pools["standard"]), _curve(pools["speculative"])
     acceptance = pools["speculative"].get("acceptance_length_mean")
+    if acceptance and float(acceptance) > k + 1.0 + 1e-6:  # a step emits at most k + 1 tokens
+        raise ValueError(f"the speculative pool's mean acceptance length {float(acceptance):.2f} is above k + 1 = "
+                         f"{k + 1}: give its num_speculative_tokens as k")  # fmt: skip
     rate = per_token_acceptance(float(acceptance), k) if acceptance else None
     rows: list[Row] = []
     chosen: list[int] = []  # the k per judged batch size, from judged_from on

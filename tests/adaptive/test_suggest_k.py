@@ -87,6 +87,10 @@ def test_it_refuses_a_view_without_both_pools_and_nonsense_arguments() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         suggest_k(view(pool(lambda load: 1.0), pool(lambda load: 1.0)), k=0)
     assert table_text(((1, 5, 4), (6, 6, 0))) == "1-5:4,6-6:0"
+    spec = pool(lambda load: 5.0)
+    spec["acceptance_length_mean"] = 4.2  # a pool that drafts 4 or more, asked about as if it drafted 2
+    with pytest.raises(ValueError, match="above k \\+ 1 = 3"):
+        suggest_k(view(pool(lambda load: 10.0), spec), k=2)
 
 
 def test_with_the_pools_acceptance_it_picks_the_k_with_the_most_tokens_a_second_at_each_batch_size() -> None:

@@ -3,6 +3,7 @@ real CPU pools: tests/backends/test_bench_sessions.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -204,17 +205,13 @@ def test_with_two_replicas_a_pool_counts_both_and_the_cache_aware_gateway_keeps_
         for name in ("p", "q", "r", "s")
     ]  # fmt: skip
     nonces = iter(f"nonce{i}" for i in range(100))
-    servers = [ThreadServer(engine.app()) for engines in replicas.values() for engine in engines]
-    for server in servers:
-        server.__enter__()
-    try:
+    with contextlib.ExitStack() as stack:
+        servers = [stack.enter_context(ThreadServer(engine.app())) for engines in replicas.values()
+                   for engine in engines]  # fmt: skip
         urls = iter(server.url for server in servers)
         config = SessionsConfig([next(urls), next(urls)], [next(urls), next(urls)], conversations, concurrency=2,
                                 max_tokens=8, repeat=1, min_samples=2, health_timeout_s=2.0)  # fmt: skip
         result = bench_sessions(config, nonce=lambda: next(nonces))
-    finally:
-        for server in servers:
-            server.__exit__(None, None, None)
     assert result.errors() == 0
     for run in result.runs:
         assert run.cache["standard"] is not None and run.cache["speculative"] is not None

@@ -565,7 +565,8 @@ def simulations(
         # what users could run instead at equal hardware: no second pool, speculation turned down by batch size
         DYNAMIC_POOL: lambda: Simulation(
             with_dynamic_k(profile), fixed_pool_rules(reference, SPECULATIVE), seed, replicas=replicas,
-            layout={SPECULATIVE: 2 * replicas, STANDARD: 0}, scrape_interval_s=scrape_interval_s, telemetry=telemetry,
+            layout={SPECULATIVE: 2 * replicas, STANDARD: 0}, scrape_interval_s=scrape_interval_s, gateways=gateways,
+            telemetry=telemetry,
         ),
     }
     if adaptive is not None:

@@ -404,3 +404,10 @@ def test_simulate_cli_profiles_a_table_per_profile_for_both_setups(tmp_path: Pat
     assert main(args) == 0
     (name,) = json.loads(out.read_text())
     assert name.startswith("h100-8b+k=1-") and name.endswith(":0")  # drafts nothing past h100-8b's knee
+
+
+def test_the_one_pool_baseline_is_routed_by_as_many_gateways_as_specgate() -> None:
+    """``--gateways N``: the dynamic pool's router is N replicas too, each seeing the others a scrape late."""
+    sims = simulations(PROFILE, PolicySet(reference_rules(), default_rules()), 0, gateways=3)
+    assert sims[DYNAMIC_POOL]().gateways == 3
+    assert sims[ADAPTIVE]().gateways == 3

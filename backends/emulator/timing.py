@@ -36,14 +36,11 @@ from dataclasses import dataclass, field
 
 from backends.emulator.prefix_cache import BLOCK_SIZE, PrefixCache
 from backends.emulator.profiles import Profile
-from gateway.adaptive.suggest_k import zero_k_overhead
+from gateway.adaptive.suggest_k import as_ranges, tokens_per_step, zero_k_overhead
 
-
-def expected_tokens_per_step(acceptance: float, k: int) -> float:
-    """Mean tokens a request gains per speculative step: ``(1 - a^(k+1)) / (1 - a)``."""
-    if acceptance >= 1.0:
-        return float(k + 1)
-    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+# Mean tokens a request gains per speculative step, ``(1 - a^(k+1)) / (1 - a)``: the gateway's formula, one
+# definition for the emulator, the simulator and suggest-k.
+expected_tokens_per_step = tokens_per_step
 
 
 def draft_acceptance_rate(acceptance: float, k: int) -> float:
@@ -58,16 +55,12 @@ def profiled_table(profile: Profile, acceptance: float) -> tuple[tuple[int, int,
     ``acceptance_scale``), ``k = 0`` paying its measured overhead; written as vLLM's ranges."""
     model = TimingModel(profile, speculative=True)
     a = model.effective_acceptance(acceptance)
-    table: list[list[int]] = []
+    chosen = []
     for batch in range(1, profile.max_num_seqs + 1):
         rates = [1.0 / (model.forward_s(batch) * (1.0 + zero_k_overhead(batch)))]
         rates += [expected_tokens_per_step(a, k) / model.speculative_step_s(batch, k) for k in range(1, model.k + 1)]
-        best = max(range(len(rates)), key=rates.__getitem__)
-        if table and table[-1][2] == best:
-            table[-1][1] = batch
-        else:
-            table.append([batch, batch, best])
-    return tuple((start, end, k) for start, end, k in table)
+        chosen.append(max(range(len(rates)), key=rates.__getitem__))
+    return as_ranges(chosen)
 
 
 def draw_accepted(rng: random.Random, acceptance: float, k: int) -> int:

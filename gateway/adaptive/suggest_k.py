@@ -128,17 +128,22 @@ def suggest_k(
         if best == 0:
             stop_at = batch
             break
-    table: list[list[int]] = [[1, judged_from - 1, k]] if judged_from > 1 else []
-    for offset, best in enumerate(chosen):
-        batch = judged_from + offset
-        if table and table[-1][2] == best:
+    # below the first judged batch size the pool keeps its k
+    table = as_ranges([k] * (judged_from - 1) + chosen) if judged_from else ()
+    return KSuggestion(
+        table, stop_at, judged_from, judged_to, tuple(rows), None if rate is None else float(acceptance)
+    )
+
+
+def as_ranges(ks: Sequence[int]) -> tuple[tuple[int, int, int], ...]:
+    """vLLM's ``[from, to, k]`` ranges for ``ks[i]``, the k at batch size ``i + 1`` (runs of one k merged)."""
+    table: list[list[int]] = []
+    for batch, k in enumerate(ks, start=1):
+        if table and table[-1][2] == k:
             table[-1][1] = batch
         else:
-            table.append([batch, batch, best])
-    entries = tuple((a, b, c) for a, b, c in table)
-    return KSuggestion(
-        entries, stop_at, judged_from, judged_to, tuple(rows), None if rate is None else float(acceptance)
-    )
+            table.append([batch, batch, k])
+    return tuple((start, end, k) for start, end, k in table)
 
 
 def tokens_per_step(rate: float, k: int) -> float:

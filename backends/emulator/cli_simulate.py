@@ -138,16 +138,14 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _learned(
-    args: argparse.Namespace, profile: Profile, workload: Workload, adaptive: RoutingRules, qps: list[float] | None,
-    shares: list[float], console: Console,
+    args: argparse.Namespace, profile: Profile, workload: Workload, adaptive: RoutingRules, levels: Sequence[float],
+    console: Console,
 ) -> Profile:  # fmt: skip
-    """``--speculative-k learned``: the profile with the table its gateway suggests after the busiest level."""
+    """``--speculative-k learned``: the profile with the table its gateway suggests after a ramp over ``levels``."""
     from backends.emulator.learned_k import learned_table
     from backends.emulator.profiles import dynamic_profile
-    from backends.emulator.scenarios import capacity_qps
     from gateway.adaptive.suggest_k import table_text
 
-    levels = [v / capacity_qps(profile, workload) for v in qps] if qps else shares
     low, top = min(levels), max(levels)
     found = learned_table(profile, workload, adaptive, low, top, args.duration, args.seed, args.replicas)
     if not found.table:
@@ -200,8 +198,6 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
         if args.speculative_k == "learned" and sessions is not None:
             raise ValueError("--speculative-k learned learns on single-turn traffic: run it with --workload and "
                              "pass the table it prints to the sessions run")  # fmt: skip
-        if args.speculative_k == "learned" and (qps or shares):
-            profiles = [_learned(args, p, workload, adaptive, qps, shares, console) for p in profiles]
     except (ProfileError, ValueError, OSError) as exc:
         console.print(f"specgate simulate: {exc}")
         return None
@@ -222,6 +218,8 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
     def levels(profile: Profile) -> tuple[float, ...]:
         return tuple(v / capacity_qps(profile, workload) for v in qps) if qps else tuple(shares)
 
+    if args.speculative_k == "learned":  # levels checked above: the learning ramp spans them
+        profiles = [_learned(args, p, workload, adaptive, levels(p), console) for p in profiles]
     scenario = {"scenario_share": args.scenario_load, "scenario_duration_s": args.scenario_duration}
     if sessions is not None:
         caching = args.prefix_caching == "on"

@@ -154,18 +154,24 @@ class _Item:
     messages: tuple[dict[str, str], ...]
 
 
+def _content_items(rng: random.Random) -> list[_Item]:
+    """80 requests on one system prompt whose acceptance follows their content: rewrites of pasted text against
+    new text, alternately."""
+    asked = [synthetic.request(rng, i % 2 == 0, synthetic.TOPICS, synthetic.TRANSFORM if i % 2 == 0 else
+                               synthetic.NEW) for i in range(80)]  # fmt: skip
+    messages = [({"role": "system", "content": synthetic.SYSTEM}, {"role": "user", "content": r.user}) for r in asked]
+    return [_Item(f"i{i}", "chat", r.acceptance, max(r.output_tokens, 20), 512, m)
+            for i, (r, m) in enumerate(zip(asked, messages, strict=True))]  # fmt: skip
+
+
 def test_the_quality_report_finds_the_content_signal_and_not_a_random_one() -> None:
     """``python -m gateway.adaptive.quality`` on items whose acceptance follows their content: well over 30 %
     below the task mean's error on the held-out half; on the same items with acceptance shuffled between them
     (no content signal left) it cannot beat the task mean by much."""
     rng = random.Random(9)
-    asked = [synthetic.request(rng, i % 2 == 0, synthetic.TOPICS, synthetic.TRANSFORM if i % 2 == 0 else
-                               synthetic.NEW) for i in range(80)]  # fmt: skip
-    messages = [({"role": "system", "content": synthetic.SYSTEM}, {"role": "user", "content": r.user}) for r in asked]
-    items = [_Item(f"i{i}", "chat", r.acceptance, max(r.output_tokens, 20), 512, m)
-             for i, (r, m) in enumerate(zip(asked, messages, strict=True))]  # fmt: skip
+    items = _content_items(rng)
     assert quality.evaluate(items).gain > 0.3
-    shuffled = [r.acceptance for r in asked]
+    shuffled = [item.acceptance for item in items]
     rng.shuffle(shuffled)
     noise = [dataclasses.replace(item, acceptance=a) for item, a in zip(items, shuffled, strict=True)]
     assert quality.evaluate(noise).gain < 0.15
@@ -175,16 +181,12 @@ def test_the_offline_reference_finds_the_content_signal_and_not_a_random_one() -
     """``--offline``: the ridge fitted with hindsight finds the same signal the predictor does, and on shuffled
     acceptance it cannot do better than the task mean by more than its choice of penalty on the asked half."""
     rng = random.Random(9)
-    asked = [synthetic.request(rng, i % 2 == 0, synthetic.TOPICS, synthetic.TRANSFORM if i % 2 == 0 else
-                               synthetic.NEW) for i in range(80)]  # fmt: skip
-    messages = [({"role": "system", "content": synthetic.SYSTEM}, {"role": "user", "content": r.user}) for r in asked]
-    items = [_Item(f"i{i}", "chat", r.acceptance, max(r.output_tokens, 20), 512, m)
-             for i, (r, m) in enumerate(zip(asked, messages, strict=True))]  # fmt: skip
+    items = _content_items(rng)
     found = quality.offline_reference(items)
     assert found.mae_rate_task == pytest.approx(quality.evaluate(items).mae_rate_task)
     assert found.gain(found.mae_ridge) > 0.3
     assert found.ridge_penalty in quality.RIDGE_PENALTIES
-    shuffled = [r.acceptance for r in asked]
+    shuffled = [item.acceptance for item in items]
     rng.shuffle(shuffled)
     noise = quality.offline_reference([dataclasses.replace(item, acceptance=a)
                                        for item, a in zip(items, shuffled, strict=True)])  # fmt: skip

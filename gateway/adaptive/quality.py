@@ -85,12 +85,26 @@ def held_out(item_id: str) -> bool:
     return hashlib.blake2b(item_id.encode(), digest_size=2).digest()[0] % 2 == 1
 
 
-def evaluate(items: Sequence[Item], k: int = 5, passes: int = 20, seed: int = 0) -> Quality:
+def _prepared(items: Sequence[Item]) -> tuple[list[Content], list[int], list[int], dict[str, list[int]]]:
+    """The items' content features, the learned and the asked half (indices), the learned ones by task."""
     rules = default_rules()
     classifier, reader = Classifier(rules), ContentReader()
     contents = [_content(item, rules, classifier, reader) for item in items]
     learned = [i for i, item in enumerate(items) if not held_out(item.id)]
     asked = [i for i, item in enumerate(items) if held_out(item.id)]
+    by_task: dict[str, list[int]] = {}
+    for i in learned:
+        by_task.setdefault(items[i].task, []).append(i)
+    return contents, learned, asked, by_task
+
+
+def _task_length(items: Sequence[Item], peers: Sequence[int], k: int) -> float:
+    """The baseline: the mean acceptance length of ``peers`` (the learned items of a request's task)."""
+    return statistics.fmean(tokens_per_step(items[j].acceptance, k) for j in peers)
+
+
+def evaluate(items: Sequence[Item], k: int = 5, passes: int = 20, seed: int = 0) -> Quality:
+    contents, learned, asked, by_task = _prepared(items)
     rng, predictor = random.Random(seed), Predictor()
     for _ in range(passes):
         for i in rng.sample(learned, len(learned)):
@@ -98,15 +112,12 @@ def evaluate(items: Sequence[Item], k: int = 5, passes: int = 20, seed: int = 0)
             tokens = min(item.output_tokens, item.max_tokens)
             predictor.observe(contents[i], reported_length(rng, item.acceptance, k, tokens), tokens)
     model = predictor.freeze()
-    by_task: dict[str, list[int]] = {}
-    for i in learned:
-        by_task.setdefault(items[i].task, []).append(i)
     errors: dict[str, list[float]] = {name: [] for name in ("len", "len_task", "rate", "rate_task", "log", "log_task")}
     for i in asked:
         item = items[i]
         peers = by_task.get(item.task) or learned
         truth = tokens_per_step(item.acceptance, k)
-        task_length = statistics.fmean(tokens_per_step(items[j].acceptance, k) for j in peers)
+        task_length = _task_length(items, peers, k)
         task_log = statistics.fmean(math.log(min(items[j].output_tokens, items[j].max_tokens)) for j in peers)
         said = model.absolute(contents[i])
         length = min(max(math.exp(said["acc"]), 1.0), k + 1.0)
@@ -141,22 +152,13 @@ def offline_reference(items: Sequence[Item], k: int = 5) -> OfflineReference:
     """The offline ridge reference on the same split as :func:`evaluate` (see the module's docstring)."""
     import numpy as np  # a report's dependency (numpy comes with matplotlib), never imported on the request path
 
-    rules = default_rules()
-    classifier, reader = Classifier(rules), ContentReader()
-    contents = [_content(item, rules, classifier, reader) for item in items]
-    learned = [i for i, item in enumerate(items) if not held_out(item.id)]
-    asked = [i for i, item in enumerate(items) if held_out(item.id)]
+    contents, learned, asked, by_task = _prepared(items)
     if not learned or not asked:
         raise ValueError("the split needs items on both sides")
     truth = np.array([item.acceptance for item in items])
-    by_task: dict[str, list[int]] = {}
-    for i in learned:
-        by_task.setdefault(items[i].task, []).append(i)
-    task_rate = {}  # per task, the rate of its learned items' mean acceptance length (as evaluate's baseline)
-    for task, peers in by_task.items():
-        task_rate[task] = rate_of(statistics.fmean(tokens_per_step(items[j].acceptance, k) for j in peers), k)
-    overall = rate_of(statistics.fmean(tokens_per_step(items[j].acceptance, k) for j in learned), k)
-    base = np.array([task_rate.get(item.task, overall) for item in items])
+    rates = {task: rate_of(_task_length(items, peers, k), k) for task, peers in by_task.items()}  # as evaluate's
+    overall = rate_of(_task_length(items, learned, k), k)
+    base = np.array([rates.get(item.task, overall) for item in items])
     used = sorted({s for i in learned for s in contents[i].slots})  # the segment is the baseline, unpenalised
     column = {slot: c for c, slot in enumerate(used)}
     x = np.zeros((len(items), len(used)))

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gateway import cli_bench_compare, cli_bench_vllm
+from gateway import cli_bench_compare, cli_bench_step, cli_bench_vllm
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,6 +64,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     soak.set_defaults(func=run_soak)
     cli_bench_compare.register(bench_sub)
     cli_bench_vllm.register(bench_sub)
+    cli_bench_step.register(bench_sub)
     signals = bench_sub.add_parser(
         "signals", help="request latency while Redis and Prometheus are healthy, slow (SIGSTOPped) or down"
     )

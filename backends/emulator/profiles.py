@@ -38,6 +38,10 @@ class SpeculativeConfig(_Strict):
     method: str = Field(description="draft_model, eagle, ngram, ... (documentation only)")
     num_speculative_tokens: int = Field(ge=1, le=10, description="k")
     draft_cost_ratio: float = Field(ge=0, le=1, description="c: one draft step costs c * t_step(batch)")
+    verify_cost_ratio: float = Field(
+        default=1.0, ge=0, le=1.5, description="v: a drafted token costs the verification v decode tokens (1: "
+        "priced as decode; `specgate bench step-cost` fits it on a real engine)",
+    )
     acceptance_scale: float = Field(
         default=1.0, gt=0, le=1.5, description="multiplies the workload's acceptance for this drafter"
     )

@@ -10,7 +10,8 @@ and then delivers the tokens.
 - ``max_num_seqs`` and a KV-token capacity bound the running set; the rest waits in FCFS order. When
   growing sequences overflow the KV cache, the newest running request is preempted (recompute, as vLLM V1).
 - Speculative decoding: one step = ``k`` draft steps of ``c * t_step(B)`` plus one verification of
-  ``B * (k + 1)`` tokens through ``t_step``. Each request then gains ``1 + accepted`` tokens, ``accepted``
+  ``B * (k + 1)`` tokens through ``t_step``, each drafted token weighing ``v`` decode tokens (the profile's
+  ``verify_cost_ratio``, default 1). Each request then gains ``1 + accepted`` tokens, ``accepted``
   drawn from its own per-token acceptance rate (geometric, truncated at ``k``), so the expected tokens per
   step are ``(1 - a^(k+1)) / (1 - a)``.
 - Dynamic speculation (vLLM's ``num_speculative_tokens_per_batch_size``, in the profile's speculative block):
@@ -92,7 +93,7 @@ class TimingModel:
         """Draft tokens per request in a step of ``batch`` scheduled requests; 0 on a standard engine."""
         return self.profile.speculative.k_at(batch) if self.speculative else 0
 
-    def forward_s(self, tokens: int) -> float:
+    def forward_s(self, tokens: float) -> float:
         step = self.profile.step
         return step.overhead_s + max(step.t_mem_s, step.compute_s_per_token * tokens)
 
@@ -110,10 +111,13 @@ class TimingModel:
 
     def speculative_step_s(self, decoding: int, k: int, joining: int = 0) -> float:
         """A step that drafts ``k`` tokens for each of ``decoding`` requests and verifies them (``decoding x
-        (k + 1)`` tokens, plus one for each of ``joining`` prefilling requests), prefill time left out."""
-        draft_s = k * self.profile.speculative.draft_cost_ratio * self.forward_s(decoding)
-        verify_s = self.forward_s(decoding * (k + 1) + joining)
-        return draft_s + verify_s
+        (k + 1)`` tokens, plus one for each of ``joining`` prefilling requests), prefill time left out. Each
+        drafted token weighs ``verify_cost_ratio`` decode tokens in the verification pass (1: as many)."""
+        spec = self.profile.speculative
+        draft_s = k * spec.draft_cost_ratio * self.forward_s(decoding)
+        v = spec.verify_cost_ratio
+        verified = decoding * (k + 1) + joining if v == 1.0 else decoding + v * decoding * k + joining
+        return draft_s + self.forward_s(verified)
 
     def effective_acceptance(self, workload_acceptance: float) -> float:
         scaled = workload_acceptance * self.profile.speculative.acceptance_scale

@@ -1,0 +1,126 @@
+"""``specgate bench step-cost``: an engine's step time against ``k`` and the batch size, and the emulator's
+step model fitted to it (``gateway/bench/step_cost.py``).
+
+    specgate bench step-cost --engine URL [--engine URL ...] [--concurrency 1,4,8,16] [--tokens 64]
+    specgate bench step-cost --cpu-k 0,1,2,4 [...]      # CPU engines launched here, one at a time
+
+With ``--cpu-k`` each engine is the CPU pool's (``backends/pools/cpu``): ``k = 0`` the standard manifest, any
+other ``k`` the speculative one with ``num_speculative_tokens_per_batch_size: [[1, 256, k]]``. Each runs with
+its compute threads on the last CPU this process may use, this process (the load) on the others, as
+``specgate backends launch --cpu`` gives each pool its own half of the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+from rich.console import Console
+
+from gateway.bench.step_cost import (
+    COPY_PROMPT,
+    StepCostError,
+    StepCostResult,
+    fit,
+    measure,
+    measure_engine,
+    report,
+    to_json,
+)
+from gateway.signals.vllm_metrics import MetricsParseError
+
+
+def register(bench_actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds ``step-cost`` to the ``specgate bench`` sub-commands (see gateway/cli_bench.py)."""
+    cmd = bench_actions.add_parser(
+        "step-cost", help="an engine's step time against k and batch size, and the emulator's step model fitted"
+    )
+    source = cmd.add_mutually_exclusive_group(required=True)
+    source.add_argument("--engine", action="append", help="a vLLM server's URL (repeatable; one with no "
+                        "speculation for the fit; each one's k is read from its counters)")  # fmt: skip
+    source.add_argument("--cpu-k", type=_levels, help="launch CPU engines with these k, one at a time (0: plain)")
+    cmd.add_argument("--concurrency", type=_levels, default=[1, 4, 8, 16], help="streams at once (default 1,4,8,16)")
+    cmd.add_argument("--tokens", type=int, default=64, help="tokens per stream, ignore_eos (default 64)")
+    cmd.add_argument("--rounds", type=int, default=2, help="rounds per level (default 2)")
+    cmd.add_argument("--prompt", default=COPY_PROMPT, help="the prompt (default: one an n-gram drafter matches)")
+    cmd.add_argument("--json", type=Path, help="also write the points and the fit as JSON")
+    cmd.set_defaults(func=run_step_cost)
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text}") from exc
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"need integers >= 0: {text}")
+    return values
+
+
+def run_step_cost(args: argparse.Namespace) -> int:
+    console = Console(width=120)
+    if 0 in args.concurrency or args.tokens < 2 or args.rounds < 1:
+        console.print("specgate bench step-cost: concurrency >= 1, --tokens >= 2 and --rounds >= 1")
+        return 2
+    try:
+        if args.engine:
+            result = measure([url.rstrip("/") for url in args.engine], args.concurrency, args.tokens, args.rounds,
+                             args.prompt)  # fmt: skip
+        else:
+            result = _cpu(args.cpu_k, args.concurrency, args.tokens, args.rounds, args.prompt, console)
+    except (StepCostError, OSError, httpx.HTTPError, MetricsParseError) as exc:
+        console.print(f"specgate bench step-cost: {exc}")
+        return 1
+    report(result, console)
+    if args.json:
+        args.json.write_bytes(orjson.dumps(to_json(result), option=orjson.OPT_INDENT_2))
+    return 0
+
+
+@contextlib.contextmanager
+def _pinned(cpus: set[int]) -> Iterator[None]:
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _cpu(ks: list[int], batches: list[int], tokens: int, rounds: int, prompt: str, console: Console) -> StepCostResult:
+    from backends.cpu_engine import CpuEngine, CpuServer, default_cache_dir
+    from backends.manifest import load_manifest, pool_path
+    from gateway.servers import free_port
+
+    engine = CpuEngine(default_cache_dir())
+    plain, speculative = (load_manifest(pool_path(pool, cpu=True)) for pool in ("standard", "speculative"))
+    if speculative.speculative is None:
+        raise StepCostError("the CPU speculative manifest has no speculative block")
+    cpus = sorted(os.sched_getaffinity(0))
+    compute, load = [cpus[-1]], set(cpus[:-1]) or {cpus[-1]}
+    result = StepCostResult()
+    logs = Path(tempfile.mkdtemp(prefix="specgate-step-cost-"))
+    for k in ks:
+        if k > speculative.speculative.num_speculative_tokens:
+            raise StepCostError(f"k = {k} is above the manifest's num_speculative_tokens")
+        pinned = speculative.speculative.model_copy(update={"num_speculative_tokens_per_batch_size": [(1, 256, k)]})
+        manifest = plain if k == 0 else speculative.model_copy(update={"speculative": pinned})
+        server = CpuServer(engine, manifest, free_port(), logs / f"k{k}.log", cpus=compute)
+        console.print(f"k = {k}: starting a CPU engine (compute on CPU {compute[0]}, log {server.log_path})")
+        with _pinned(load):
+            server.start()
+            try:
+                server.wait_healthy(300)
+                result.points += asyncio.run(measure_engine(server.url, batches, tokens, rounds, prompt))
+            finally:
+                server.stop()
+    result.fit = fit(result.points) if 0 in ks else None
+    return result
+

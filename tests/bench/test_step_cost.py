@@ -1,0 +1,120 @@
+"""``specgate bench step-cost``: the fit on known step times, and the measurement against emulated engines whose
+step model is known (a profile with ``verify_cost_ratio`` below 1, ``k`` pinned by a one-range table)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+
+import orjson
+import pytest
+
+from backends.emulator.profiles import Profile, load_profile
+from backends.emulator.server import EmulatorApp, EmulatorConfig
+from backends.emulator.timing import TimingModel
+from backends.workloads.loader import load_workload
+from gateway.bench.step_cost import Fit, StepCostError, StepPoint, fit
+from gateway.cli import main
+from gateway.servers import ThreadServer
+
+BATCHES = (1, 2, 4, 8, 16)
+
+
+def _points(model: Fit, ks: tuple[int, ...] = (0, 1, 2, 4)) -> list[StepPoint]:
+    return [
+        StepPoint("e", k, b, model.speculative_s(b, k) if k else model.plain_s(b), None) for k in ks for b in BATCHES
+    ]
+
+
+@pytest.mark.parametrize(("c", "v"), [(0.175, 1.0), (0.0, 0.5), (0.05, 0.0), (0.3, 1.3)])
+def test_the_fit_recovers_the_step_model_it_was_made_with(c: float, v: float) -> None:
+    truth = Fit(overhead_s=0.03, per_token_s=0.0015, draft_cost_ratio=c, verify_cost_ratio=v)
+    got = fit(_points(truth))
+    assert got.overhead_s == pytest.approx(0.03) and got.per_token_s == pytest.approx(0.0015)
+    assert got.draft_cost_ratio == pytest.approx(c, abs=1e-9) and got.verify_cost_ratio == pytest.approx(v, abs=1e-9)
+
+
+def test_the_fit_keeps_both_ratios_at_zero_or_above() -> None:
+    """Speculative steps faster than plain ones (noise) fit to no extra cost, not a negative one."""
+    plain = Fit(0.03, 0.0015, 0.0, 0.0)
+    points = _points(plain, (0,)) + [dataclasses.replace(p, k=2, step_s=p.step_s * 0.9) for p in _points(plain, (0,))]
+    got = fit(points)
+    assert got.draft_cost_ratio == 0.0 and got.verify_cost_ratio == 0.0
+
+
+def test_the_fit_needs_a_plain_engine_at_two_levels() -> None:
+    truth = Fit(0.03, 0.0015, 0.1, 1.0)
+    with pytest.raises(StepCostError, match="plain engine"):
+        fit([p for p in _points(truth) if p.k > 0])
+    with pytest.raises(StepCostError, match="plain engine"):
+        fit([p for p in _points(truth) if p.k > 0 or p.batch == 1])
+
+
+def _pinned(profile: Profile, k: int, verify: float) -> Profile:
+    spec = profile.speculative.model_copy(
+        update={"num_speculative_tokens_per_batch_size": ((1, 256, k),), "verify_cost_ratio": verify}
+    )
+    return profile.model_copy(update={"speculative": spec})
+
+
+def test_measured_on_emulated_engines_the_fit_finds_their_step_model(tmp_path: Path) -> None:
+    """Engines of a profile whose drafted tokens cost half a decode token (v = 0.5, c = 0.175): a plain one and
+    two with k pinned at 1 and 3. The command reads each one's k from its counters, measures its steps through
+    real streams and fits c and v back (wall-clock noise allowed)."""
+    profile = load_profile("cpu-smollm2")
+    workload = load_workload()
+    speed = 1.0
+    configs = [EmulatorConfig(profile, speculative=False, speed=speed)] + [
+        EmulatorConfig(_pinned(profile, k, 0.5), speculative=True, speed=speed) for k in (1, 3)
+    ]
+    out = tmp_path / "steps.json"
+    with contextlib.ExitStack() as stack:
+        urls = [stack.enter_context(ThreadServer(EmulatorApp(config, workload))).url for config in configs]
+        argv = ["bench", "step-cost", "--concurrency", "1,4,8", "--tokens", "16", "--rounds", "1", "--json", str(out)]
+        for url in urls:
+            argv += ["--engine", url]
+        assert main(argv) == 0
+    data = orjson.loads(out.read_bytes())
+    assert sorted({p["k"] for p in data["points"]}) == [0, 1, 3]
+    assert all((p["acceptance"] is None) == (p["k"] == 0) for p in data["points"])
+    model = TimingModel(_pinned(profile, 3, 0.5), True)
+    for p in data["points"]:  # each step as the profile's model has it, to within wall-clock noise
+        expected = model.speculative_step_s(p["batch"], p["k"]) if p["k"] else model.forward_s(p["batch"])
+        assert p["step_s"] * speed == pytest.approx(expected, rel=0.25)
+    got = data["fit"]
+    assert got["verify_cost_ratio"] == pytest.approx(0.5, abs=0.2)
+    assert got["draft_cost_ratio"] == pytest.approx(0.175, abs=0.1)
+    assert got["per_token_s"] * speed == pytest.approx(profile.step.compute_s_per_token, rel=0.25)
+
+
+def test_the_verification_weighs_drafted_tokens_by_the_profile_ratio() -> None:
+    profile = load_profile("cpu-smollm2")
+    full, half = TimingModel(profile, True), TimingModel(_pinned(profile, 4, 0.5), True)
+    step, draft = profile.step, profile.speculative.draft_cost_ratio
+    for batch in (1, 8):
+        plain = full.forward_s(batch)
+        assert full.speculative_step_s(batch, 4) == pytest.approx(4 * draft * plain + full.forward_s(batch * 5))
+        verify = step.overhead_s + max(step.t_mem_s, step.compute_s_per_token * batch * 3)  # B + 0.5 x 4 B
+        assert half.speculative_step_s(batch, 4) == pytest.approx(4 * draft * plain + verify)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--engine", "http://127.0.0.1:9", "--concurrency", "0,1"], "concurrency >= 1"),
+        (["--engine", "http://127.0.0.1:9", "--tokens", "1"], "--tokens >= 2"),
+        (["--engine", "http://127.0.0.1:9"], "specgate bench step-cost:"),  # nothing listens there
+    ],
+    ids=["zero-concurrency", "one-token", "unreachable"],
+)
+def test_cli_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "step-cost", *argv]) in (1, 2)
+    assert message in capsys.readouterr().out
+
+
+def test_cli_needs_engines_or_cpu_k(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "step-cost", "--cpu-k", "x"])
+    assert exc.value.code == 2
+    assert "comma-separated" in capsys.readouterr().err

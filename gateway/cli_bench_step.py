@@ -29,6 +29,7 @@ from gateway.bench.step_cost import (
     StepCostError,
     StepCostResult,
     fit,
+    fitted_profile,
     measure,
     measure_engine,
     report,
@@ -51,6 +52,10 @@ def register(bench_actions: argparse._SubParsersAction[argparse.ArgumentParser])
     cmd.add_argument("--rounds", type=int, default=2, help="rounds per level (default 2)")
     cmd.add_argument("--prompt", default=COPY_PROMPT, help="the prompt (default: one an n-gram drafter matches)")
     cmd.add_argument("--json", type=Path, help="also write the points and the fit as JSON")
+    cmd.add_argument("--profile-out", type=Path, help="write an emulator profile: --base-profile with the fitted "
+                     "step costs (for specgate simulate --profile PATH)")  # fmt: skip
+    cmd.add_argument("--base-profile", default="cpu-smollm2", help="the profile --profile-out copies (default "
+                     "cpu-smollm2: the model the CPU pools run)")  # fmt: skip
     cmd.set_defaults(func=run_step_cost)
 
 
@@ -81,6 +86,38 @@ def run_step_cost(args: argparse.Namespace) -> int:
     report(result, console)
     if args.json:
         args.json.write_bytes(orjson.dumps(to_json(result), option=orjson.OPT_INDENT_2))
+    if args.profile_out:
+        return _write_profile(args, result, console)
+    return 0
+
+
+def _write_profile(args: argparse.Namespace, result: StepCostResult, console: Console) -> int:
+    import datetime
+
+    import yaml
+
+    from backends.emulator.profiles import ProfileError, load_profile
+
+    if result.fit is None:
+        console.print("specgate bench step-cost: --profile-out needs a fit (a plain engine, k = 0)")
+        return 1
+    try:
+        base = load_profile(args.base_profile)
+    except ProfileError as exc:
+        console.print(f"specgate bench step-cost: {exc}")
+        return 2
+    ks = ",".join(str(k) for k in sorted({p.k for p in result.points}))
+    batches = ",".join(str(b) for b in sorted({p.batch for p in result.points}))
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    note = f"fitted by specgate bench step-cost ({when}; k {ks} at {batches} streams, {args.tokens} tokens)"
+    data = fitted_profile(base, result.fit, note)
+    args.profile_out.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    try:
+        load_profile(args.profile_out)
+    except ProfileError as exc:  # a fit the profile schema refuses (e.g. no per-token cost at all)
+        console.print(f"specgate bench step-cost: the fitted profile does not load: {exc}")
+        return 1
+    console.print(f"wrote {args.profile_out} ({data['name']}): specgate simulate --profile {args.profile_out}")
     return 0
 
 

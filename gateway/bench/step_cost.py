@@ -28,7 +28,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -36,6 +36,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.signals.vllm_metrics import SpecCounters, parse_vllm_metrics
+
+if TYPE_CHECKING:
+    from backends.emulator.profiles import Profile
 
 # a prompt whose answer an n-gram drafter finds in the prompt: every step drafts (a step without a match drafts
 # nothing, and would be timed as a plain one)
@@ -233,3 +236,20 @@ def report(result: StepCostResult, console: Console) -> None:
 
 def to_json(result: StepCostResult) -> dict[str, Any]:
     return {"points": [asdict(p) for p in result.points], "fit": None if result.fit is None else asdict(result.fit)}
+
+
+def fitted_profile(base: Profile, model: Fit, note: str) -> dict[str, Any]:
+    """``base`` (an emulator profile) with the fitted step costs: its plain step's ``overhead_s`` and
+    ``compute_s_per_token`` (the memory floor kept below one token's compute), ``draft_cost_ratio`` and
+    ``verify_cost_ratio``; every other field (KV, acceptance, lengths) is the base's. A dictionary that
+    :func:`backends.emulator.profiles.load_profile` reads back once written as YAML."""
+    data = base.model_dump(mode="json", exclude_none=True)
+    data["name"] = f"{base.name}-fitted"
+    data["source"] = f"{note}; every other field from {base.name}"
+    step = data["step"]
+    step["overhead_s"] = round(model.overhead_s, 6)
+    step["compute_s_per_token"] = round(max(model.per_token_s, 1e-6), 7)
+    step["t_mem_s"] = min(step["t_mem_s"], step["compute_s_per_token"])
+    data["speculative"]["draft_cost_ratio"] = round(min(model.draft_cost_ratio, 1.0), 4)
+    data["speculative"]["verify_cost_ratio"] = round(min(model.verify_cost_ratio, 1.5), 4)
+    return data

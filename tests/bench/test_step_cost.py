@@ -71,7 +71,8 @@ def test_measured_on_emulated_engines_the_fit_finds_their_step_model(tmp_path: P
     out = tmp_path / "steps.json"
     with contextlib.ExitStack() as stack:
         urls = [stack.enter_context(ThreadServer(EmulatorApp(config, workload))).url for config in configs]
-        argv = ["bench", "step-cost", "--concurrency", "1,4,8", "--tokens", "16", "--rounds", "1", "--json", str(out)]
+        argv = ["bench", "step-cost", "--concurrency", "1,4,8", "--tokens", "16", "--rounds", "2", "--json", str(out),
+                "--profile-out", str(tmp_path / "fitted.yaml")]  # fmt: skip
         for url in urls:
             argv += ["--engine", url]
         assert main(argv) == 0
@@ -81,11 +82,17 @@ def test_measured_on_emulated_engines_the_fit_finds_their_step_model(tmp_path: P
     model = TimingModel(_pinned(profile, 3, 0.5), True)
     for p in data["points"]:  # each step as the profile's model has it, to within wall-clock noise
         expected = model.speculative_step_s(p["batch"], p["k"]) if p["k"] else model.forward_s(p["batch"])
-        assert p["step_s"] * speed == pytest.approx(expected, rel=0.25)
+        assert p["step_s"] * speed == pytest.approx(expected, rel=0.3)
     got = data["fit"]
     assert got["verify_cost_ratio"] == pytest.approx(0.5, abs=0.2)
     assert got["draft_cost_ratio"] == pytest.approx(0.175, abs=0.1)
     assert got["per_token_s"] * speed == pytest.approx(profile.step.compute_s_per_token, rel=0.25)
+    fitted = load_profile(tmp_path / "fitted.yaml")  # the base profile with the fitted step costs, as simulate reads it
+    assert fitted.name == "cpu-smollm2-fitted" and "step-cost" in fitted.source
+    assert fitted.speculative.verify_cost_ratio == pytest.approx(got["verify_cost_ratio"], abs=1e-4)
+    assert fitted.step.overhead_s == pytest.approx(got["overhead_s"], abs=1e-6)
+    assert fitted.kv_capacity_tokens == profile.kv_capacity_tokens
+    assert fitted.acceptance_model == profile.acceptance_model
 
 
 def test_the_verification_weighs_drafted_tokens_by_the_profile_ratio() -> None:
@@ -111,6 +118,15 @@ def test_the_verification_weighs_drafted_tokens_by_the_profile_ratio() -> None:
 def test_cli_errors(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "step-cost", *argv]) in (1, 2)
     assert message in capsys.readouterr().out
+
+
+def test_a_profile_needs_a_plain_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = EmulatorConfig(_pinned(load_profile("cpu-smollm2"), 2, 1.0), speculative=True, speed=20.0)
+    with ThreadServer(EmulatorApp(config, load_workload())) as server:
+        argv = ["bench", "step-cost", "--engine", server.url, "--concurrency", "1,2", "--tokens", "4", "--rounds", "1",
+                "--profile-out", str(tmp_path / "p.yaml")]  # fmt: skip
+        assert main(argv) == 1
+    assert "needs a fit" in capsys.readouterr().out and not (tmp_path / "p.yaml").exists()
 
 
 def test_cli_needs_engines_or_cpu_k(capsys: pytest.CaptureFixture[str]) -> None:

@@ -65,6 +65,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     cli_bench_compare.register(bench_sub)
     cli_bench_vllm.register(bench_sub)
     cli_bench_step.register(bench_sub)
+    cli_bench_step.register_kv_events(bench_sub)
     signals = bench_sub.add_parser(
         "signals", help="request latency while Redis and Prometheus are healthy, slow (SIGSTOPped) or down"
     )

@@ -161,3 +161,46 @@ def _cpu(ks: list[int], batches: list[int], tokens: int, rounds: int, prompt: st
     result.fit = fit(result.points) if 0 in ks else None
     return result
 
+
+
+def register_kv_events(bench_actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds ``kv-events`` to the ``specgate bench`` sub-commands."""
+    cmd = bench_actions.add_parser(
+        "kv-events", help="vLLM's KV-cache events from a real CPU engine: their cost to consume, and a precise "
+        "prefix index built from them against the gateway's approximate one",
+    )  # fmt: skip
+    cmd.add_argument("--sessions", type=Path, action="append", help="session file or directory (repeatable; "
+                     "default: the shipped backends/workloads/sessions)")  # fmt: skip
+    cmd.add_argument("--sessions-per-file", type=int, default=3, help="the first N sessions of each file")
+    cmd.add_argument("--turns", type=int, default=4, help="at most N turns per conversation (default 4)")
+    cmd.add_argument("--concurrency", type=int, default=3, help="conversations in flight at once (default 3)")
+    cmd.add_argument("--max-tokens", type=int, default=48, help="max_tokens of every turn (default 48)")
+    cmd.add_argument("--json", type=Path, help="also write the figures and every turn as JSON")
+    cmd.set_defaults(func=run_kv_events)
+
+
+def run_kv_events(args: argparse.Namespace) -> int:
+    from backends.workloads.loader import WorkloadError
+    from gateway.bench import kv_events
+    from gateway.bench.sessions import load_conversations
+
+    console = Console(width=130)
+    if args.concurrency < 1 or args.max_tokens < 1 or args.turns < 1 or args.sessions_per_file < 1:
+        console.print("specgate bench kv-events: --concurrency, --max-tokens, --turns and --sessions-per-file >= 1")
+        return 2
+    try:
+        conversations = load_conversations(args.sessions, args.sessions_per_file, args.turns)
+    except WorkloadError as exc:
+        console.print(f"specgate bench kv-events: {exc}")
+        return 2
+    cpus = sorted(os.sched_getaffinity(0))
+    config = kv_events.KvEventsConfig(conversations, args.concurrency, args.max_tokens, cpus=cpus[-1:])
+    try:
+        result = kv_events.bench_kv_events(config, Path(tempfile.mkdtemp(prefix="specgate-kv-events-")))
+    except (OSError, httpx.HTTPError, ValueError) as exc:
+        console.print(f"specgate bench kv-events: {exc}")
+        return 1
+    kv_events.report(result, console)
+    if args.json:
+        args.json.write_bytes(orjson.dumps(kv_events.to_json(result), option=orjson.OPT_INDENT_2))
+    return 0

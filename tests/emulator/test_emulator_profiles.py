@@ -27,6 +27,18 @@ def test_every_shipped_profile_loads_and_documents_its_source(name: str) -> None
     assert profile.targets
 
 
+def test_the_fitted_cpu_profile_is_cpu_smollm2_with_the_measured_step_costs() -> None:
+    """backends/emulator/profiles/fitted/: written by `specgate bench step-cost --profile-out` on the real CPU
+    engine; not a shipped profile (`--profile all` leaves it out), read by path."""
+    fitted = load_profile(Path(__file__).parents[2] / "backends/emulator/profiles/fitted/cpu-smollm2-1core.yaml")
+    base = load_profile("cpu-smollm2")
+    assert fitted.name not in shipped_profiles() and "step-cost" in fitted.source
+    assert fitted.speculative.draft_cost_ratio < base.speculative.draft_cost_ratio
+    assert fitted.speculative.verify_cost_ratio < 1.0
+    assert fitted.step.overhead_s > base.step.overhead_s  # one core per engine: a larger fixed step
+    assert fitted.acceptance_model == base.acceptance_model and fitted.kv_capacity_tokens == base.kv_capacity_tokens
+
+
 def test_a_misspelt_key_fails_naming_its_path(tmp_path: Path) -> None:
     text = (Path(__file__).parents[2] / "backends/emulator/profiles/h100-8b.yaml").read_text()
     bad = tmp_path / "bad.yaml"

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gateway import cli_bench_compare, cli_bench_step, cli_bench_vllm
+from gateway import cli_bench_compare, cli_bench_engine, cli_bench_vllm
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,8 +64,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     soak.set_defaults(func=run_soak)
     cli_bench_compare.register(bench_sub)
     cli_bench_vllm.register(bench_sub)
-    cli_bench_step.register(bench_sub)
-    cli_bench_step.register_kv_events(bench_sub)
+    cli_bench_engine.register(bench_sub)
+    cli_bench_engine.register_kv_events(bench_sub)
     signals = bench_sub.add_parser(
         "signals", help="request latency while Redis and Prometheus are healthy, slow (SIGSTOPped) or down"
     )

@@ -1,5 +1,6 @@
-"""``specgate bench step-cost``: an engine's step time against ``k`` and the batch size, and the emulator's
-step model fitted to it (``gateway/bench/step_cost.py``).
+"""Benchmarks of one real engine: ``specgate bench step-cost`` (an engine's step time against ``k`` and the batch
+size, and the emulator's step model fitted to it: ``gateway/bench/step_cost.py``) and ``specgate bench
+kv-events`` (vLLM's KV-cache events as a precise prefix index: ``gateway/bench/kv_events.py``).
 
     specgate bench step-cost --engine URL [--engine URL ...] [--concurrency 1,4,8,16] [--tokens 64]
     specgate bench step-cost --cpu-k 0,1,2,4 [...]      # CPU engines launched here, one at a time

@@ -335,17 +335,17 @@ def bench_kv_events(config: KvEventsConfig, log_dir: Path) -> KvEventsResult:
 
     engine = CpuEngine(default_cache_dir())
     manifest = load_manifest(pool_path("standard", cpu=True))
+    tokenizer = ChatTokenizer(engine.model_dir(manifest))  # before the socket: a missing model leaves nothing bound
     subscriber = Subscriber(free_port())
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": subscriber.endpoint,
               "topic": TOPIC.decode()}  # fmt: skip
     extra = [*manifest.extra_args, "--kv-events-config", json.dumps(events), "--enable-prompt-tokens-details"]
     server = CpuServer(engine, manifest.model_copy(update={"extra_args": extra}), free_port(),
                        log_dir / "kv-events-engine.log", cpus=config.cpus)  # fmt: skip
-    tokenizer = ChatTokenizer(engine.model_dir(manifest))
     result = KvEventsResult()
     subscriber.start()
-    server.start()
     try:
+        server.start()
         server.wait_healthy(config.startup_timeout_s)
         start = time.monotonic()
         result.turns = asyncio.run(drive(

@@ -33,6 +33,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from gateway.adaptive.cells import (
     SLOPE_PRIOR_WEIGHT,
@@ -54,16 +55,18 @@ from gateway.adaptive.model import (
     prompt_bin,
     template_key,
 )
-from gateway.adaptive.predictor import Predictor
+from gateway.adaptive.predictor import LENGTH, Predictor
 
 PREFILL_UNIT = 1000.0  # the prefill rate is learned in seconds per this many tokens (its prior weight's unit)
 LENGTH_WINDOW = 256  # recent output lengths kept per segment
+CENTRE_RATE = 1 / 32  # how fast a segment's mean length deviation follows (the first requests: their mean)
 REFILL_EVERY = 16  # observations between refreshes of a curve's fill (also refreshed by every freeze)
 # What ``export`` means: bump it whenever a number's unit or meaning changes, so that replicas of two versions
-# (a rolling upgrade) share only with their own kind. 3: the per-request predictor's weights ("-|prd|..."), the
+# (a rolling upgrade) share only with their own kind. 4: each segment's mean length deviation ("-|lcen|...",
+# Dec 7 2026), which the lengths are now read against; 3: the per-request predictor's weights ("-|prd|..."), the
 # pools' slopes, and template offsets over the content's part (Dec 2026); 2: a speculative pool's tpot curve is
 # time per engine step and its offsets -log(acceptance); 1 (never written out) was time per token.
-EXPORT_FORMAT = 3
+EXPORT_FORMAT = 4
 
 
 @dataclass(slots=True)  # not frozen: one per finished request, and a frozen __init__ costs ~2x; never mutated
@@ -95,6 +98,8 @@ class Learner:
         self._pools: dict[str, PoolState] = {}
         self._lengths: dict[str, deque[int]] = {}
         self._all_lengths: deque[int] = deque(maxlen=LENGTH_WINDOW * 2)
+        # per segment ("" for all): the mean of the predictor's length deviations, and how many fed it
+        self._centres: dict[str, list[float]] = {}
         self.predictor = Predictor()
         self.observations = 0
         self._frozen: LatencyModel | None = None
@@ -127,6 +132,10 @@ class Learner:
         deviation = None
         if obs.content is not None:
             deviation = self.predictor.deviation(obs.content)  # before it learns from this request
+            if obs.output_tokens > 0:  # what the length deviation said, where the sample of lengths will be
+                length = self.predictor.deviation(obs.content, LENGTH)
+                for key in (obs.segment, ""):
+                    _centre(self._centres, key, length)
             acceptance = obs.acceptance_length if obs.acceptance_length and obs.acceptance_length >= 1 else None
             self.predictor.observe(obs.content, acceptance, obs.output_tokens)
         if obs.output_tokens >= 2 and obs.total_s > ttft:
@@ -205,7 +214,8 @@ class Learner:
         lengths = {seg: Lengths.of(list(window)) for seg, window in self._lengths.items() if window}
         everything = Lengths.of(list(self._all_lengths)) if self._all_lengths else None
         predictor = self.predictor.freeze() if any(self.predictor.seen) else None
-        self._frozen = LatencyModel(pools, lengths, everything, self.observations, now_s, predictor)
+        centres = MappingProxyType({key: value for key, (value, _) in self._centres.items()})
+        self._frozen = LatencyModel(pools, lengths, everything, self.observations, now_s, predictor, centres)
         return self._frozen
 
     # -- sharing (gateway.adaptive.shared turns these into Redis estimates) ----------------------------
@@ -241,6 +251,8 @@ class Learner:
         for seg, window in self._lengths.items():
             for q, value in enumerate(_quantiles(window)):
                 out[f"-|len|{seg}|{q}"] = (float(value), float(len(window)))
+        for seg, (value, count) in self._centres.items():  # "" (all segments) included
+            out[f"-|lcen|{seg}|-"] = (value, count)
         return out
 
     def absorb(self, shared: Mapping[str, tuple[float, float]]) -> None:
@@ -263,6 +275,10 @@ class Learner:
                 continue
             if kind == "prd":
                 self.predictor.absorb(part, key, value, weight)
+                continue
+            if kind == "lcen":
+                found = self._centres.get(part)
+                self._centres[part] = list(_blend(found[0], found[1], value, weight) if found else (value, weight))
                 continue
             if kind == "var":
                 variances.setdefault(pool, []).append((part, value, weight))
@@ -330,6 +346,17 @@ class Learner:
 
 def _absorb_order(name: str) -> int:
     return 0 if "|pos|" in name else 2 if "|slope|" in name else 1
+
+
+def _centre(centres: dict[str, list[float]], key: str, value: float) -> None:
+    """One step of a segment's mean length deviation: the plain mean of its first requests, then a moving one."""
+    found = centres.get(key)
+    if found is None:
+        centres[key] = [value, 1.0]
+        return
+    found[1] += 1.0
+    rate = 1.0 / found[1]
+    found[0] += (rate if rate > CENTRE_RATE else CENTRE_RATE) * (value - found[0])
 
 
 def _content_part(state: PoolState, deviation: float | None, residual: float) -> float:

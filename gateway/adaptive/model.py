@@ -224,6 +224,7 @@ def prediction_for(predictions: tuple[Prediction, ...], pool: str) -> Prediction
 
 _EMPTY_POOLS: Mapping[str, PoolModel] = MappingProxyType({})
 _EMPTY_LENGTHS: Mapping[str, Lengths] = MappingProxyType({})
+_EMPTY_CENTRES: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +237,9 @@ class LatencyModel:
     version: int = 0  # how many observations built it
     built_s: float = 0.0  # the learner's clock when it was built
     predictor: PredictorModel | None = None  # per-request acceptance and length from content (None: unlearned)
+    # per segment (and for all together, ""), the mean length deviation the predictor gave its recent requests
+    # (gateway.adaptive.learner): where the segment's own lengths sit in the predictor's content terms
+    length_centres: Mapping[str, float] = field(default_factory=lambda: _EMPTY_CENTRES)
     # both pools' predictions by what they depend on (gateway.adaptive.policy.predictions): a model is read by
     # every request until the next refresh, and requests of one application at one load ask the same question
     memo: dict[tuple[object, ...], tuple[Prediction, ...]] = field(
@@ -263,6 +267,16 @@ class LatencyModel:
         found = self.pools.get(pool)
         offset = found.acceptance.get(segment) if found is not None else None
         return offset.value if offset is not None and offset.weight >= 3 else None
+
+    def length_deviation(self, segment: str, deviation: float) -> float:
+        """The predictor's length ``deviation`` for a request, over the lengths :meth:`expected_tokens` reads:
+        less the mean deviation of that sample's requests (its segment's, else all). The predictor's content
+        terms also carry part of every request's mean (structure slots that all requests have share the
+        intercept with the segment's slots), which the sample of lengths holds already; uncentred, the
+        sample was scaled by it twice (a segment of short translations was predicted 2-5x too long)."""
+        lengths = self.lengths.get(segment)
+        key = segment if lengths is not None and lengths.count >= 3 else ""
+        return deviation - self.length_centres.get(key, 0.0)
 
     def expected_tokens(self, segment: str, max_tokens: float, deviation: float = 0.0) -> tuple[float, float]:
         """Expected output tokens and the sample count behind it (max_tokens / 2 when nothing is known).

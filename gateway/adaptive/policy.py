@@ -94,7 +94,9 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
     segment = segment_of(features.task, features.copy)
     template = template_key(segment, features.template)
     if known is None:
-        tokens = model.expected_tokens(segment, features.max_tokens, length / LENGTH_STEPS)  # both pools'
+        # both pools'; the length deviation centred on the segment's (fixed per model: the memo key holds it)
+        centred = model.length_deviation(segment, length / LENGTH_STEPS)
+        tokens = model.expected_tokens(segment, features.max_tokens, centred)
         shift, log_acceptance = acceptance / ACCEPTANCE_STEPS, None
     else:
         log_acceptance, output = known

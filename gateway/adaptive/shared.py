@@ -8,7 +8,7 @@ count to estimate everyone's (``pool_load``), and splits near balance at least a
 With the store down the last count stands (the replicas did not go away with it), and each replica keeps
 learning alone: a failed sync is logged once per outage and retried next tick; no request ever waits on it.
 
-The numbers live in a space named by the learner's ``EXPORT_FORMAT`` (``est:v3:*`` in Redis): during a rolling
+The numbers live in a space named by the learner's ``EXPORT_FORMAT`` (``est:v4:*`` in Redis): during a rolling
 upgrade that changes what a number means, old and new replicas each share with their own version only.
 """
 

@@ -216,3 +216,42 @@ def test_short_answers_noisy_reports_do_not_pull_a_segments_acceptance_down() ->
     predicted = math.exp(predictor.freeze().absolute(asked)["acc"])
     truth = quality.tokens_per_step(rate, k)
     assert abs(math.log(predicted / truth)) < 0.08, (predicted, truth)
+
+
+def _segment_request(rng: random.Random, task: str) -> Content:
+    topic = rng.choice(synthetic.TOPICS)
+    if task == "code":
+        user = f"Write a python function that handles {topic}. ```def f():```"
+        return READER.read("You are a coding assistant.", user, "code", False, 80, 1024)
+    user = f"Tell me in one line what you think of {topic}."
+    return READER.read("You are a friendly assistant.", user, "chat", False, 40, 1024)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_expected_length_counts_the_segments_mean_once(seed: int) -> None:
+    """Two segments whose prompts differ in their words as well as their task: code answers ~200 tokens, chat
+    ~20, neither predicted further by content. The predictor's content terms take part of the difference (the
+    words each segment's prompts share), and the sample of a segment's lengths holds all of it: scaled by the
+    raw deviation, code was expected at twice its length. Centred on what the segment's requests were given, it
+    is expected near its mean."""
+    rng, learner = random.Random(seed), Learner()
+    for i in range(600):
+        task, mean = ("code", 200) if i % 2 else ("chat", 20)
+        tokens = round(mean * math.exp(rng.gauss(0, 0.3)))
+        learner.observe(Observation("standard", task, 60, 1, 0.05, 1.0, tokens, content=_segment_request(rng, task)))
+    model = learner.model()
+    assert model.predictor is not None
+    for task, mean in (("code", 200), ("chat", 20)):
+        truth = mean * math.exp(0.3**2 / 2)  # the mean of the lengths drawn
+        probes = [_segment_request(rng, task) for _ in range(100)]
+        deviations = [model.predictor.estimate(p)[1] for p in probes]
+        raw = statistics.fmean(model.expected_tokens(task, 1024, d)[0] for d in deviations)
+        centred = statistics.fmean(model.expected_tokens(task, 1024, model.length_deviation(task, d))[0]
+                                   for d in deviations)  # fmt: skip
+        assert abs(math.log(centred / truth)) < 0.15, (task, centred, truth)
+        if task == "code":
+            assert raw > 1.5 * truth  # what the centring is for: the double count is there to remove
+    assert model.length_deviation("unseen-segment", 0.5) == pytest.approx(0.5 - model.length_centres[""])
+    student = Learner()  # another gateway replica: the centres travel with the lengths and the weights (Redis)
+    student.absorb(learner.export())
+    assert dict(student.model().length_centres) == pytest.approx(dict(model.length_centres))

@@ -75,8 +75,9 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
         held = [0] * len(POOL_NAMES)
     loads = [pool_load(snapshot, name) + extra for name in POOL_NAMES]
     known = None if features.known is None else _known(features, snapshot, model)
+    length: int | None = None  # the predictor's length deviation in steps; None: no content read
     if known is None:
-        acceptance = length = 0
+        acceptance = 0
         content = content_of(features)
         if content is not None and model.predictor is not None:
             deviation = model.predictor.estimate(content)
@@ -94,8 +95,9 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
     segment = segment_of(features.task, features.copy)
     template = template_key(segment, features.template)
     if known is None:
-        # both pools'; the length deviation centred on the segment's (fixed per model: the memo key holds it)
-        centred = model.length_deviation(segment, length / LENGTH_STEPS)
+        # both pools'; the length deviation centred on the segment's (fixed per model: the memo key holds it), and
+        # none where no content was read (the segment's lengths as they are)
+        centred = 0.0 if length is None else model.length_deviation(segment, length / LENGTH_STEPS)
         tokens = model.expected_tokens(segment, features.max_tokens, centred)
         shift, log_acceptance = acceptance / ACCEPTANCE_STEPS, None
     else:

@@ -116,6 +116,17 @@ def test_the_expected_output_follows_the_request() -> None:
     assert rewrite[0].output_tokens != poem[0].output_tokens
 
 
+def test_a_request_without_content_reads_its_segments_lengths_as_they_are() -> None:
+    """The length deviation is centred on the segment's only where the predictor gave one: a request whose
+    content was not read is expected at the segment's lengths, unscaled, however far the centre is from 0."""
+    model = dataclasses.replace(taught(count=300).model(1.0), length_centres={"chat": 1.5, "": 1.5})
+    bare = with_content(features("Say hello."), None)
+    found = predictions(bare, snapshot(model), RULES)
+    assert found and found[0].output_tokens == pytest.approx(model.expected_tokens("chat", 512)[0])
+    read = predictions(features("Say hello."), snapshot(model), RULES)
+    assert read[0].output_tokens < found[0].output_tokens  # read, its deviation is taken 1.5 below the centre
+
+
 def test_known_acceptance_and_length_override_the_estimates() -> None:
     """The perfect-predictor reference: the same request with what is known of it is predicted from that,
     whatever its content says; the draft length comes from the scraped counters."""

@@ -35,7 +35,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from gateway.signals.vllm_metrics import SpecCounters, parse_vllm_metrics
+from gateway.bench.compare import discover_model, read_spec_counters
+from gateway.signals.vllm_metrics import SpecCounters
 
 if TYPE_CHECKING:
     from backends.emulator.profiles import Profile
@@ -100,15 +101,11 @@ async def _stream(client: httpx.AsyncClient, url: str, model: str, prompt: str, 
     return [b - a for a, b in itertools.pairwise(stamps)]
 
 
-async def _counters(client: httpx.AsyncClient, url: str) -> SpecCounters | None:
-    return parse_vllm_metrics((await client.get(f"{url}/metrics")).text).spec
-
-
 async def _model(client: httpx.AsyncClient, url: str) -> str:
-    data = (await client.get(f"{url}/v1/models")).json().get("data") or ()
-    if not data:
-        raise StepCostError(f"{url}/v1/models lists no model")
-    return str(data[0]["id"])
+    try:
+        return (await discover_model(client, url))[0]
+    except (KeyError, IndexError, TypeError) as exc:
+        raise StepCostError(f"{url}/v1/models lists no model") from exc
 
 
 def _k(before: SpecCounters | None, after: SpecCounters | None) -> int:
@@ -125,23 +122,23 @@ async def measure_engine(
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         model = await _model(client, url)
         await _stream(client, url, model, prompt, 4)
-        first = await _counters(client, url)
+        first = await read_spec_counters(client, url)
         levels = []
         for batch in batches:
-            before = await _counters(client, url)
+            before = await read_spec_counters(client, url)
             intervals: list[float] = []
             for _ in range(rounds):
                 runs = await asyncio.gather(*(_stream(client, url, model, prompt, tokens) for _ in range(batch)))
                 intervals += [gap for run in runs for gap in run]
             if not intervals:
                 raise StepCostError(f"{url}: no stream gave two content chunks (tokens={tokens})")
-            after = await _counters(client, url)
+            after = await read_spec_counters(client, url)
             acceptance = None
             if before is not None and after is not None and after.draft_tokens > before.draft_tokens:
                 drafted = after.draft_tokens - before.draft_tokens
                 acceptance = (after.accepted_tokens - before.accepted_tokens) / drafted
             levels.append((batch, statistics.median(intervals), acceptance))
-        k = _k(first, await _counters(client, url))
+        k = _k(first, await read_spec_counters(client, url))
     return [StepPoint(url, k, batch, step, acceptance) for batch, step, acceptance in levels]
 
 

@@ -274,9 +274,13 @@ class LatencyModel:
         terms also carry part of every request's mean (structure slots that all requests have share the
         intercept with the segment's slots), which the sample of lengths holds already; uncentred, the
         sample was scaled by it twice (a segment of short translations was predicted 2-5x too long)."""
-        lengths = self.lengths.get(segment)
-        key = segment if lengths is not None and lengths.count >= 3 else ""
+        key = segment if self._own_lengths(segment) is not None else ""
         return deviation - self.length_centres.get(key, 0.0)
+
+    def _own_lengths(self, segment: str) -> Lengths | None:
+        """The segment's own lengths once three or more are known; before that, all segments' are read."""
+        lengths = self.lengths.get(segment)
+        return lengths if lengths is not None and lengths.count >= 3 else None
 
     def expected_tokens(self, segment: str, max_tokens: float, deviation: float = 0.0) -> tuple[float, float]:
         """Expected output tokens and the sample count behind it (max_tokens / 2 when nothing is known).
@@ -287,8 +291,8 @@ class LatencyModel:
             expected, samples = self.expected_tokens(segment, max_tokens / scale)
             expected *= scale
             return (expected if expected < max_tokens else max_tokens), samples
-        lengths = self.lengths.get(segment)
-        if lengths is not None and lengths.count >= 3:
+        lengths = self._own_lengths(segment)
+        if lengths is not None:
             return lengths.expected(max_tokens), lengths.count
         if self.all_lengths is not None and self.all_lengths.count:
             return self.all_lengths.expected(max_tokens), 0.0

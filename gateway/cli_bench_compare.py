@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,7 @@ def register(bench_actions: argparse._SubParsersAction[argparse.ArgumentParser])
         required=True,
         help="workload file (one category) or directory; repeatable",
     )
-    cmp.add_argument("--concurrency", type=_levels, default=[1, 4], help="comma-separated levels (default 1,4)")
+    cmp.add_argument("--concurrency", type=int_list(), default=[1, 4], help="comma-separated levels (default 1,4)")
     cmp.add_argument("--json", type=Path, help="write the results as JSON here")
     cmp.add_argument("--plot", type=Path, help="write a PNG plot of the speedups here")
     cmp.add_argument("--max-tokens", type=int, help="cap every request's max_tokens")
@@ -52,14 +53,19 @@ def register(bench_actions: argparse._SubParsersAction[argparse.ArgumentParser])
     cmp.set_defaults(func=run_compare)
 
 
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from exc
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError("concurrency levels must be positive integers")
-    return levels
+def int_list(least: int = 1) -> Callable[[str], list[int]]:
+    """An argparse type: a comma-separated list of integers, each at least ``least`` (the bench commands')."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from exc
+        if not values or min(values) < least:
+            raise argparse.ArgumentTypeError(f"need integers >= {least}: {text!r}")
+        return values
+
+    return parse
 
 
 def load_items(paths: list[Path], per_category: int | None = None) -> list[BenchItem]:

@@ -36,6 +36,7 @@ from gateway.bench.step_cost import (
     report,
     to_json,
 )
+from gateway.cli_bench_compare import int_list
 from gateway.signals.vllm_metrics import MetricsParseError
 
 
@@ -47,8 +48,9 @@ def register(bench_actions: argparse._SubParsersAction[argparse.ArgumentParser])
     source = cmd.add_mutually_exclusive_group(required=True)
     source.add_argument("--engine", action="append", help="a vLLM server's URL (repeatable; one with no "
                         "speculation for the fit; each one's k is read from its counters)")  # fmt: skip
-    source.add_argument("--cpu-k", type=_levels, help="launch CPU engines with these k, one at a time (0: plain)")
-    cmd.add_argument("--concurrency", type=_levels, default=[1, 4, 8, 16], help="streams at once (default 1,4,8,16)")
+    source.add_argument("--cpu-k", type=int_list(0), help="launch CPU engines with these k, one at a time (0: plain)")
+    cmd.add_argument("--concurrency", type=int_list(0), default=[1, 4, 8, 16],
+                     help="streams at once (default 1,4,8,16)")  # fmt: skip
     cmd.add_argument("--tokens", type=int, default=64, help="tokens per stream, ignore_eos (default 64)")
     cmd.add_argument("--rounds", type=int, default=2, help="rounds per level (default 2)")
     cmd.add_argument("--prompt", default=COPY_PROMPT, help="the prompt (default: one an n-gram drafter matches)")
@@ -58,16 +60,6 @@ def register(bench_actions: argparse._SubParsersAction[argparse.ArgumentParser])
     cmd.add_argument("--base-profile", default="cpu-smollm2", help="the profile --profile-out copies (default "
                      "cpu-smollm2: the model the CPU pools run)")  # fmt: skip
     cmd.set_defaults(func=run_step_cost)
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text}") from exc
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"need integers >= 0: {text}")
-    return values
 
 
 def run_step_cost(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ bad parameter, so a malformed request is rejected before any routing or forwardi
 from __future__ import annotations
 
 import hashlib
+import importlib
 import random
 import re
 from collections.abc import Mapping
@@ -78,8 +79,15 @@ class Classifier:
     ) -> None:
         self._default = rules.defaults.task
         self._chars = rules.defaults.classify_chars
+        # per task: its keywords, lower-cased (all, and the ASCII ones: an ASCII text can hold no other), and its
+        # patterns with the literals one of which any match holds (None: no prefilter)
         self._tasks = [
-            (name, tuple(k.lower() for k in cues.keywords), tuple(compile_cue_pattern(p) for p in cues.patterns))
+            (
+                name,
+                tuple(k.lower() for k in cues.keywords),
+                tuple(k.lower() for k in cues.keywords if k.isascii()),
+                tuple((*compile_cue_pattern(p), required_literals(p)) for p in cues.patterns),
+            )
             for name, cues in rules.tasks.items()
         ]
         self._system_cache: dict[str, tuple[str | None, str]] = {}  # key -> (its task or None, template id)
@@ -119,10 +127,16 @@ class Classifier:
     def _match(self, text: str) -> str | None:
         head = text[: self._chars]
         lowered = head.lower()
+        ascii = lowered.isascii()
         best, best_score = None, 0
-        for name, keywords, patterns in self._tasks:
-            score = sum(1 for k in keywords if k in lowered)
-            score += sum(1 for pattern, on_lowered in patterns if pattern.search(lowered if on_lowered else head))
+        for name, keywords, ascii_keywords, patterns in self._tasks:
+            score = sum(1 for k in (ascii_keywords if ascii else keywords) if k in lowered)
+            for pattern, on_lowered, literals in patterns:
+                # the literals first: a substring scan is ~10x cheaper than a search that starts with a \b
+                if (literals is None or (on_lowered and any(literal in lowered for literal in literals))) and (
+                    pattern.search(lowered if on_lowered else head)
+                ):
+                    score += 1
             if score > best_score:
                 best, best_score = name, score
         return best
@@ -138,6 +152,63 @@ def compile_cue_pattern(pattern: str) -> tuple[re.Pattern[str], bool]:
     if pattern == pattern.lower():
         return re.compile(pattern), True
     return re.compile(pattern, re.I), False
+
+
+_LITERALS_LIMIT = 64  # literals a prefilter holds at most (each is a substring scan)
+
+
+def required_literals(pattern: str) -> tuple[str, ...] | None:
+    r"""Literals one of which any match of a lower-case cue pattern holds, as a prefilter: a text that holds none
+    of them cannot match. None where the pattern gives none (it may start with a class, a repeat...) or is not
+    one ``compile_cue_pattern`` runs on the lower-cased text.
+
+    Read from the pattern's parse (``re._parser``, the parser ``re.compile`` uses): from the start, literals
+    and alternations of literals, each alternative's own literals, across zero-width items (``\b``,
+    lookarounds), up to the first item that is neither. ``\b(python|java)\b`` gives ``("python", "java")``,
+    ``\bc(\+\+|#)`` gives ``("c++", "c#")``, ``(成|为)英文`` gives ``("成英文", "为英文")``.
+    """
+    if pattern != pattern.lower():
+        return None
+    try:
+        # private modules, so guarded: no prefilter if they change
+        sre, parser = importlib.import_module("re._constants"), importlib.import_module("re._parser")
+        parsed = parser.parse(pattern)
+        if parsed.state.flags & re.IGNORECASE:
+            return None
+        found, _ = _literal_prefixes(list(parsed), sre)
+    except Exception:  # a prefilter is an optimisation: without one, the pattern runs as is
+        return None
+    if not found or "" in found:
+        return None
+    return tuple(sorted(found))
+
+
+def _literal_prefixes(items: list[Any], sre: Any) -> tuple[set[str], bool]:
+    """The literal strings a sequence of parsed items starts with, and whether they are the whole sequence."""
+    found = {""}
+    for op, value in items:
+        if op in (sre.AT, sre.ASSERT, sre.ASSERT_NOT):  # zero-width: the literals around it stay adjacent
+            continue
+        if op is sre.LITERAL:
+            alternatives, whole = {chr(value)}, True
+        elif op is sre.IN and value and all(kind is sre.LITERAL for kind, _ in value):
+            alternatives, whole = {chr(char) for _, char in value}, True
+        elif op is sre.SUBPATTERN and not value[1] & re.IGNORECASE:
+            alternatives, whole = _literal_prefixes(list(value[3]), sre)
+        elif op is sre.BRANCH:
+            alternatives, whole = set(), True
+            for branch in value[1]:
+                prefixes, complete = _literal_prefixes(list(branch), sre)
+                alternatives |= prefixes
+                whole = whole and complete
+        else:
+            return found, False
+        if len(found) * len(alternatives) > _LITERALS_LIMIT:
+            return found, False
+        found = {head + tail for head in found for tail in alternatives}
+        if not whole:
+            return found, False
+    return found, True
 
 
 def extract_features(

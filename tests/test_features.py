@@ -7,9 +7,16 @@ from typing import Any
 import pytest
 
 from gateway.errors import InvalidRequest
-from gateway.features import Classifier, compile_cue_pattern, estimate_tokens, extract_features, has_copy_cue
+from gateway.features import (
+    Classifier,
+    compile_cue_pattern,
+    estimate_tokens,
+    extract_features,
+    has_copy_cue,
+    required_literals,
+)
 from gateway.prefix_index import PrefixReader, chat_text
-from gateway.rules import default_rules
+from gateway.rules import default_rules, load_rules, reference_rules_path
 
 RULES = default_rules()
 
@@ -242,3 +249,48 @@ def test_the_prefix_blocks_and_session_key_are_read_only_with_a_prefix_reader() 
     with pytest.raises(InvalidRequest):  # validation comes first: nothing malformed reaches the reader
         extract_features({"model": "m", "messages": [{"content": "x"}]}, "chat", {}, RULES,
                          Classifier(RULES, prefixes=reader))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pattern", "literals"),
+    [
+        (r"\b(python|java)\b", ("java", "python")),
+        (r"\bc(\+\+|#)", ("c#", "c++")),
+        ("程序(?!员|猿)", ("程序",)),
+        ("(成|为)英文", ("为英文", "成英文")),
+        (r"\bsummary\b(?!\s+judge?ment)", ("summary",)),
+        ("(a|b)c*d", ("a", "b")),  # up to the repeat
+        ("ab?c", ("a",)),
+        ("a(?i:b)c", ("a",)),  # a case-insensitive group ends them
+        (r"x{2}y", None),  # a repeat first
+        (r"\d+x", None),
+        ("a|b+", None),  # one alternative may start with anything
+        (r"\bSELECT", None),  # not run on the lower-cased text
+        ("(?i)abc", None),
+        ("(" + "|".join(f"{chr(97 + i % 26)}{i}" for i in range(80)) + ")", None),  # past the cap
+        ("", None),
+    ],
+)
+def test_required_literals(pattern: str, literals: tuple[str, ...] | None) -> None:
+    assert required_literals(pattern) == literals
+
+
+def test_a_text_without_the_required_literals_never_matches_the_pattern() -> None:
+    """The prefilter is sound: over the shipped cue patterns and texts made of their own pieces, whenever a
+    pattern matches, one of its literals is in the text (so skipping the search changes no classification)."""
+    rng = random.Random(7)
+    for rules in (RULES, load_rules(reference_rules_path())):
+        for cues in rules.tasks.values():
+            for source in cues.patterns:
+                literals = required_literals(source)
+                pattern, _ = compile_cue_pattern(source)
+                words = re.findall(r"\w+", source.replace("\\b", " "))
+                pieces = [*words, *source, *(literals or ()), " ", "judgment", "c++", "员"]
+                matched = 0
+                for _ in range(2000):
+                    text = "".join(rng.choice(pieces) + rng.choice(" \n") * rng.randint(0, 1)
+                                   for _ in range(rng.randint(1, 12))).lower()  # fmt: skip
+                    if pattern.search(text):
+                        matched += 1
+                        assert literals is None or any(literal in text for literal in literals), (source, text)
+                assert matched > 0, source

@@ -48,8 +48,9 @@ def nodelay(transport: asyncio.BaseTransport) -> asyncio.Transport:
 class _Connection(asyncio.Protocol):
     """One TCP connection; hands the bytes it receives to the response being read, if any."""
 
-    def __init__(self, pool: _HostPool) -> None:
+    def __init__(self, pool: _HostPool, loop: asyncio.AbstractEventLoop) -> None:
         self.pool = pool
+        self.loop = loop  # its responses' futures' loop, kept: asyncio.get_running_loop() is a getpid() syscall
         self.transport: asyncio.Transport | None = None
         self.response: _RawResponse | None = None
         self.closed = False
@@ -104,7 +105,7 @@ class _HostPool:
         url = f"http://{self.host}:{self.port}"
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _Connection(self), self.host, self.port)
+                _, conn = await loop.create_connection(lambda: _Connection(self, loop), self.host, self.port)
         except TimeoutError as exc:
             raise UpstreamTimeout(f"timed out connecting to {url}") from exc
         except OSError as exc:
@@ -143,7 +144,7 @@ class _RawResponse:
         assert conn.transport is not None
         self._transport = conn.transport
         self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
-        self._loop = asyncio.get_running_loop()
+        self._loop = conn.loop
         self.head: asyncio.Future[None] = self._loop.create_future()
         self.status = 0
         self.headers: RawHeaders = []

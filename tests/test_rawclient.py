@@ -383,3 +383,27 @@ async def test_a_failing_sink_fails_the_pipe_and_drops_the_connection(client: An
         await asyncio.wait_for(pipe(sink, drain), 10)
     assert await (await raw.send(f"{url}/fixed", b"{}", {"x-id": "1"})).read() == b"fixed:1"
     assert len(set(rec.peers)) == 2  # the failed connection was not reused
+
+
+async def test_a_request_on_a_kept_alive_connection_does_not_look_up_the_running_loop(
+    client: Any, recorder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``asyncio.get_running_loop()`` makes a getpid() syscall (CPython checks the loop's process): the
+    connection keeps its loop, so a request on it makes none (issue 30: three a request were 44 % of the
+    gateway's syscalls)."""
+    _, url = recorder
+    raw = await client()
+    r = await raw.send(f"{url}/fixed", b"{}", {"x-id": "0"})  # opens the connection: that may ask
+    assert await r.read() == b"fixed:0"
+    calls = []
+    real = asyncio.get_running_loop
+
+    def counting() -> asyncio.AbstractEventLoop:
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(asyncio, "get_running_loop", counting)
+    for index in range(1, 4):
+        r = await raw.send(f"{url}/fixed", b"{}", {"x-id": str(index)})
+        assert await r.read() == b"fixed:%d" % index
+    assert calls == []

@@ -94,7 +94,9 @@ def run_serve(args: argparse.Namespace) -> int:
     # Everything built so far (FastAPI, pydantic models, the rules, metrics) lives as long as the process:
     # frozen, the cyclic collector's passes never rescan it; and while serving, what outlives an interval is
     # frozen too, in-flight requests included (gateway/collector.py: passes of 8-57 ms became ...).
-    collector = GarbageCollector(app.state.metrics, settings.gc_freeze_interval_s, settings.gc_full_growth)
+    collector = GarbageCollector(
+        app.state.metrics, settings.gc_freeze_interval_s, settings.gc_full_growth, settings.gc_young_threshold
+    )
     collector.install()
     app.state.collector = collector
     config = uvicorn.Config(

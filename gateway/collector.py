@@ -26,6 +26,13 @@ instead walks them all: 10-15 ms for 150k objects, measured as a stall of its ow
 
 Every pass is timed into ``specgate_gc_pause_seconds{generation}`` (``full`` for the safety pass).
 
+The youngest generation's threshold is raised from CPython's 700 to ``young_threshold`` (10,000 by default):
+a pass runs every that many container allocations, and at thousands of requests a second (~55 tracked
+objects each) 700 meant ~600 passes a second, each rescanning the in-flight requests made since the last
+freeze. At 10,000 a pass scans at most that many young objects (~1 ms) about 40 times a second, and the
+gateway's CPU per non-streamed request fell ~7 % (gateway/bench/overhead.py's rig, issue 30; figures in
+docs/operating.md). Objects that die young are never scanned at any threshold; the freeze bounds the rest.
+
 Only ``specgate serve`` installs one: tests build many apps in one process, and freezing a test runner's
 objects is not theirs to do.
 """
@@ -45,9 +52,13 @@ log = logging.getLogger("specgate")
 
 
 class GarbageCollector:
-    def __init__(self, metrics: GatewayMetrics, interval_s: float = 1.0, full_growth: float = 1.0) -> None:
+    def __init__(
+        self, metrics: GatewayMetrics, interval_s: float = 1.0, full_growth: float = 1.0, young_threshold: int = 0
+    ) -> None:
         self.interval_s = interval_s
         self.full_growth = full_growth
+        self.young_threshold = young_threshold  # 0: CPython's own
+        self._thresholds = gc.get_threshold()  # as they were before install()
         self.full_passes = 0
         self._pauses = {str(g): metrics.gc_pause.labels(str(g)) for g in range(3)}
         self._full_pause = metrics.gc_pause.labels("full")
@@ -60,11 +71,15 @@ class GarbageCollector:
     def install(self) -> None:
         """Collect and freeze what start-up built; time every pass from then on."""
         self._full()
+        self._thresholds = gc.get_threshold()
+        if self.young_threshold > 0:
+            gc.set_threshold(self.young_threshold, *self._thresholds[1:])
         gc.callbacks.append(self._on_gc)
 
     def uninstall(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+            gc.set_threshold(*self._thresholds)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":

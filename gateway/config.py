@@ -70,6 +70,7 @@ class Settings(BaseSettings):
     # many seconds (0: freeze start-up only); a full pass when the frozen objects grew this many times over.
     gc_freeze_interval_s: float = Field(default=0.25, ge=0)
     gc_full_growth: float = Field(default=1.0, gt=0)
+    gc_young_threshold: int = Field(default=10_000, ge=0)  # allocations between young passes (0: CPython's 700)
     # Finished requests learned from (gateway/adaptive), at most, per second: past it, the first of each
     # snapshot refresh. The model forgets ~5 % per sample, so more would replace, not add, what it knows.
     learn_max_per_s: float = Field(default=400.0, gt=0)

@@ -96,3 +96,22 @@ def test_a_cycle_dropped_within_an_interval_is_collected_before_the_freeze(
         assert watched() is None
     finally:
         gc.enable()
+
+
+def test_the_young_threshold_is_raised_while_installed_and_restored_after() -> None:
+    before = gc.get_threshold()
+    tuned = GarbageCollector(GatewayMetrics(CollectorRegistry()), interval_s=1.0, young_threshold=before[0] * 3 + 1)
+    tuned.install()
+    try:
+        assert gc.get_threshold() == (before[0] * 3 + 1, *before[1:])
+    finally:
+        tuned.uninstall()
+        gc.unfreeze()
+    assert gc.get_threshold() == before
+    untouched = GarbageCollector(GatewayMetrics(CollectorRegistry()), interval_s=1.0)  # 0: CPython's own
+    untouched.install()
+    try:
+        assert gc.get_threshold() == before
+    finally:
+        untouched.uninstall()
+        gc.unfreeze()

@@ -136,12 +136,13 @@ class Predictor:
     weights: list[list[float]] = field(default_factory=lambda: [[0.0] * SLOTS, [0.0] * SLOTS])
     variances: list[list[float]] = field(default_factory=lambda: [_priors(ACCEPTANCE), _priors(LENGTH)])
     shrunk: list[list[float]] = field(default_factory=lambda: [[0.0] * SLOTS, [0.0] * SLOTS])
-    packed: list[int] = field(default_factory=lambda: [0] * SLOTS)
+    packed: list[int] = field(default_factory=lambda: [0] * SLOTS)  # as of the last freeze()
     noise: list[float] = field(default_factory=lambda: [_NOISE[ACCEPTANCE][0], _NOISE[LENGTH][0]])
     seen: list[float] = field(default_factory=lambda: [0.0, 0.0])
     # per target: the calibration's decayed sums of deviation x residual and deviation squared
     said: list[list[float]] = field(default_factory=lambda: [[0.0, 0.0], [0.0, 0.0]])
     _recent: dict[int, None] = field(default_factory=dict, repr=False)  # hashes of recent requests' slots, in order
+    _dirty: set[int] = field(default_factory=set, repr=False)  # slots whose shrunk weights moved since freeze()
     _priors: tuple[list[float], list[float]] = field(
         default_factory=lambda: (_priors(ACCEPTANCE), _priors(LENGTH)), repr=False
     )  # fmt: skip
@@ -182,7 +183,7 @@ class Predictor:
         """One Kalman step towards ``y``; for acceptance, ``tokens`` (the answer's) sets the report's own
         variance (STEP_VAR over its steps)."""
         weights, variances, shrunk = self.weights[target], self.variances[target], self.shrunk[target]
-        priors, floors, acc, length = self._priors[target], self._floors[target], self.shrunk[0], self.shrunk[1]
+        priors, floors = self._priors[target], self._floors[target]
         mean = sum(map(weights.__getitem__, slots))
         if censored and mean >= y:
             return  # a cut reply says only that the length was at least y: nothing to correct
@@ -208,13 +209,17 @@ class Predictor:
             least = floors[slot]
             s = variances[slot] = s if s > least else least
             shrunk[slot] = w * (1.0 - s / priors[slot])
-            self.packed[slot] = _pack(acc[slot], length[slot])
+        self._dirty.update(slots)  # packed at the next freeze(): _pack per slot here was ~15 % of learning
         _, low, high = _NOISE[target]
         noise += NOISE_RATE * (error * error - var - extra - noise)
         self.noise[target] = min(max(noise, low), high)
         self.seen[target] += 1.0
 
     def freeze(self) -> PredictorModel:
+        packed, acceptance, length = self.packed, self.shrunk[0], self.shrunk[1]
+        for slot in self._dirty:
+            packed[slot] = _pack(acceptance[slot], length[slot])
+        self._dirty.clear()
         return PredictorModel(
             (tuple(self.shrunk[0]), tuple(self.shrunk[1])),
             (tuple(self.variances[0]), tuple(self.variances[1])),
@@ -266,7 +271,7 @@ class Predictor:
         w = self.weights[target][slot] = (w * local + value * weight) / (local + weight)
         s = self.variances[target][slot] = 1.0 / (1.0 / s0 + max(local, weight))
         self.shrunk[target][slot] = w * (1.0 - s / s0)
-        self.packed[slot] = _pack(self.shrunk[0][slot], self.shrunk[1][slot])
+        self._dirty.add(slot)
 
 
 def _pack(acceptance: float, length: float) -> int:

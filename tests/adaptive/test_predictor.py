@@ -97,7 +97,7 @@ def test_memory_is_bounded_whatever_the_traffic() -> None:
         words = " ".join(f"w{rng.randrange(10**9)}" for _ in range(30))
         predictor.observe(content(f"request {index}: {words}"), 1 + 4 * rng.random(), rng.randint(1, 900))
     assert all(len(table) == SLOTS for table in (*predictor.weights, *predictor.variances, *predictor.shrunk))
-    assert len(predictor.packed) == SLOTS
+    assert len(predictor.packed) == SLOTS and len(predictor._dirty) <= SLOTS
     assert len(predictor._recent) <= RECENT
     assert len(predictor.export()) <= 2 * SLOTS + 4
 

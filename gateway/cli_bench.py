@@ -37,9 +37,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--paired",
         action="store_true",
         help="run two gateways at once on the same CPU under the same load: this tree's and --compare-to REV's, "
-        "or (without --compare-to) two gateway targets of this tree, e.g. --targets "
-        "specgate/reference-rules,specgate (ratios move by a few percent between rounds instead of tens; "
-        "absolute figures are those of two gateways sharing a CPU)",
+        "or (without --compare-to) two proxy targets of this tree, e.g. --targets "
+        "specgate/reference-rules,specgate or vllm-router,specgate (ratios move by a few percent between rounds "
+        "instead of tens; absolute figures are those of two proxies sharing a CPU)",
     )
     overhead.set_defaults(func=run_overhead)
     soak = bench_sub.add_parser("soak", help="N paced streams for minutes through specgate serve: RSS, fds, loop lag")

@@ -363,16 +363,18 @@ def compare(
     paired: bool = False,
     scale: float = 1.0,
 ) -> int:
-    """This tree's gateway target against ``rev``'s, or (``rev`` None, paired) two gateway targets of this
-    tree against each other: the first is the base."""
+    """This tree's gateway target against ``rev``'s, or (``rev`` None, paired) two proxy targets of this tree
+    against each other (gateway targets, or one and vllm-router: ratios to the peer on the same CPU under the
+    same load, which move by a few percent where sequential runs on this shared machine move by tens): the
+    first is the base."""
     from gateway.bench import overhead_compare
 
-    gateways = [t for t in targets if t.startswith("specgate")]
+    gateways = [t for t in targets if t.startswith("specgate") or (rev is None and t == "vllm-router")]
     if rev is not None and len(gateways) != 1:
         raise SystemExit("--compare-to compares one gateway target (e.g. --targets specgate)")
     if rev is None and len(gateways) != 2:
-        raise SystemExit("--paired without --compare-to runs two gateway targets of this tree "
-                         "(e.g. --targets specgate/reference-rules,specgate)")  # fmt: skip
+        raise SystemExit("--paired without --compare-to runs two proxy targets of this tree "
+                         "(e.g. --targets specgate/reference-rules,specgate or vllm-router,specgate)")  # fmt: skip
     how = "both at once (paired)" if paired else "alternating"
     base_name = rev if rev is not None else gateways[0]
     head_name = "this tree" if rev is not None else gateways[1]

@@ -126,10 +126,10 @@ def test_a_paired_round_drives_every_worker_through_several_requests() -> None:
     assert paired_seconds(Scenario("non-stream c1", False, 1, 16, 0.0, 600), 0.01) == 0.5  # a quick run's floor
 
 
-def test_paired_needs_a_revision_or_two_gateway_targets_to_pair() -> None:
-    with pytest.raises(SystemExit, match="two gateway targets"):
-        cli.main(["bench", "overhead", "--paired"])  # every target: more than two gateways
-    with pytest.raises(SystemExit, match="two gateway targets"):
+def test_paired_needs_a_revision_or_two_proxy_targets_to_pair() -> None:
+    with pytest.raises(SystemExit, match="two proxy targets"):
+        cli.main(["bench", "overhead", "--paired"])  # every target: more than two proxies
+    with pytest.raises(SystemExit, match="two proxy targets"):
         cli.main(["bench", "overhead", "--paired", "--targets", "direct,specgate"])
 
 
@@ -150,3 +150,13 @@ def test_paired_runs_two_targets_of_this_tree_at_once(tmp_path: Path) -> None:
     assert code == 0
     saved = json.loads((tmp_path / "out.json").read_text())
     assert all(r["errors"] == 0 and r["requests"] > 10 for side in saved.values() for r in side)
+
+
+def test_paired_runs_vllm_router_beside_the_gateway(tmp_path: Path) -> None:
+    """The peer's ratio measured both at once, on one CPU under one load (sequential runs here move by tens of %)."""
+    code = main(["vllm-router", "specgate"], [1], 0.01, tmp_path / "out.json", rounds=1, paired=True)
+    assert code == 0
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert set(saved) == {"base", "head"}
+    assert all(r["errors"] == 0 and r["requests"] > 10 and r["cpu_ms_per_request"] > 0
+               for side in saved.values() for r in side)  # fmt: skip

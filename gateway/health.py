@@ -1,6 +1,7 @@
 """Active health checks: each replica's ``/health``, and the models it serves from ``/v1/models``.
 
-Health checks run off the request path with httpx and never touch bookings. A check ends in one of four
+Health checks run off the request path, through the upstream seam (:func:`gateway.upstream.fetcher`, an
+upstream of their own), and never touch bookings. A check ends in one of four
 verdicts:
 
 * ``ok``: ``/health`` answered 200; the replica is up.
@@ -23,10 +24,12 @@ import logging
 from collections.abc import Callable
 from typing import Literal
 
-import httpx
+import orjson
 
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.looplag import LoopLagMonitor
 from gateway.pools import PoolSet, Replica
+from gateway.upstream import Fetch
 
 log = logging.getLogger("specgate.health")
 Verdict = Literal["ok", "failed", "timeout", "late"]  # pools.HEALTH_VERDICTS
@@ -44,15 +47,14 @@ class HealthChecker:
         self._on_round = on_round
         self._lag = lag
 
-    async def run(self) -> None:
-        async with httpx.AsyncClient(timeout=self._timeout_s) as client:
-            while True:
-                await self.check_all(client)
-                await asyncio.sleep(self._interval_s)
+    async def run(self, fetch: Fetch) -> None:
+        while True:
+            await self.check_all(fetch)
+            await asyncio.sleep(self._interval_s)
 
-    async def check_all(self, client: httpx.AsyncClient) -> None:
+    async def check_all(self, fetch: Fetch) -> None:
         replicas = self._pools.replicas()
-        results = await asyncio.gather(*(self._check(client, r) for r in replicas))
+        results = await asyncio.gather(*(self._check(fetch, r) for r in replicas))
         for replica, (verdict, models) in zip(replicas, results, strict=True):
             replica.count_check(verdict)
             if verdict == "late":
@@ -67,26 +69,26 @@ class HealthChecker:
                 replica.models = models
         self._on_round()
 
-    async def _check(self, client: httpx.AsyncClient, replica: Replica) -> tuple[Verdict, tuple[str, ...] | None]:
+    async def _check(self, fetch: Fetch, replica: Replica) -> tuple[Verdict, tuple[str, ...] | None]:
         loop = asyncio.get_running_loop()
         started = loop.time()
         stalled_before = self._lag.stalled_s(started) if self._lag is not None else 0.0
         try:
-            response = await client.get(f"{replica.url}/health")
-            if response.status_code != 200:
+            status, _ = await fetch(f"{replica.url}/health", self._timeout_s)
+            if status != 200:
                 return "failed", None
             if replica.models:
                 return "ok", None
-            listing = await client.get(f"{replica.url}/v1/models")
-            data = listing.json().get("data", []) if listing.status_code == 200 else []
+            status, body = await fetch(f"{replica.url}/v1/models", self._timeout_s)
+            data = orjson.loads(body).get("data", []) if status == 200 else []
             models = tuple(sorted(str(m["id"]) for m in data if isinstance(m, dict) and "id" in m))
             return "ok", models or None
-        except httpx.TimeoutException as exc:
+        except UpstreamTimeout as exc:
             now = loop.time()
             stalled = self._lag.stalled_s(now) - stalled_before if self._lag is not None else 0.0
             log.debug("health check of %s timed out after %.2f s (loop stalled %.2f s): %r",
                       replica.url, now - started, stalled, exc)  # fmt: skip
             return ("late" if stalled >= LATE_SHARE * self._timeout_s else "timeout"), None
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        except (UpstreamError, ValueError, AttributeError, TypeError) as exc:
             log.debug("health check of %s failed: %r", replica.url, exc)
             return "failed", None

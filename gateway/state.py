@@ -278,7 +278,8 @@ class GatewayState:
         checker = HealthChecker(
             self.pools, self.settings.health_interval_s, self.settings.health_timeout_s, self._health_round, lag
         )
-        self.add_task(checker.run(), "health")
+        assert self.signals.fetch is not None  # set by signals.start()
+        self.add_task(checker.run(self.signals.fetch), "health")
         self.add_task(self._snapshot_loop(), "snapshot")
         self.add_task(self.sweeper.run(), "deadlines")
         if self.collector is not None:

@@ -15,11 +15,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from gateway.bench.fake_upstream import FakeUpstream
+from gateway.config import Settings
 from gateway.health import HealthChecker
 from gateway.looplag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.pools import PoolSet, Replica
 from gateway.servers import ThreadServer
+from gateway.upstream import fetcher, make_upstream
 from tests.conftest import Gateway, Upstreams, dead_url
 
 TIMEOUT_S = 0.2
@@ -74,10 +76,14 @@ def one_replica(url: str) -> tuple[PoolSet, Replica]:
 
 async def check(pools: PoolSet, lag: LoopLagMonitor | None) -> float:
     checker = HealthChecker(pools, 60.0, TIMEOUT_S, lambda: None, lag)
-    started = time.perf_counter()
-    async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
-        await checker.check_all(client)
-    return time.perf_counter() - started
+    upstream = make_upstream(Settings(_env_file=None))  # type: ignore[call-arg]
+    await upstream.start()
+    try:
+        started = time.perf_counter()
+        await checker.check_all(fetcher(upstream))
+        return time.perf_counter() - started
+    finally:
+        await upstream.close()
 
 
 def verdicts(replica: Replica) -> dict[str, float]:

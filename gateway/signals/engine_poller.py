@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 
-import httpx
-
+from gateway.errors import UpstreamError
 from gateway.metrics import HistogramSeries, held
 from gateway.signals.vllm_metrics import (
     AcceptanceWindow,
@@ -23,6 +22,7 @@ from gateway.signals.vllm_metrics import (
     acceptance_from,
     parse_vllm_metrics,
 )
+from gateway.upstream import Fetch
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +102,7 @@ class EnginePoller:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        fetch: Fetch,
         targets: Callable[[], Sequence[ScrapeTarget]],
         *,
         timeout_s: float = 0.5,
@@ -112,11 +112,11 @@ class EnginePoller:
         inflight: Callable[[ScrapeTarget], int] | None = None,
         timing: HistogramSeries | None = None,
     ) -> None:
-        self._client = client
+        self._fetch = fetch  # GETs through the upstream seam (gateway.upstream.fetcher)
         self._timing = timing  # how long each page's parse held the loop
         self._inflight = inflight or _none_in_flight  # this gateway's requests on a replica now
         self._targets = targets
-        self._timeout = httpx.Timeout(timeout_s)
+        self._timeout_s = timeout_s
         self._window_s = window_s
         self._stale_after_s = stale_after_s
         self._clock = clock
@@ -132,11 +132,13 @@ class EnginePoller:
     async def _scrape(self, state: _ReplicaState) -> None:
         before = self._inflight(state.target)
         try:
-            response = await self._client.get(state.target.metrics_url, timeout=self._timeout)
-            response.raise_for_status()
+            status, body = await self._fetch(state.target.metrics_url, self._timeout_s)
+            if status != 200:
+                state.error = f"HTTP {status} from {state.target.metrics_url}"
+                return
             with held(self._timing) if self._timing is not None else nullcontext():
-                stats = parse_vllm_metrics(response.text)
-        except (httpx.HTTPError, MetricsParseError) as exc:
+                stats = parse_vllm_metrics(body.decode("utf-8", "replace"))
+        except (UpstreamError, MetricsParseError) as exc:
             state.error = f"{type(exc).__name__}: {exc}"
             return
         now = self._clock()

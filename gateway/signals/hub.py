@@ -22,7 +22,6 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
-import httpx
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -34,6 +33,7 @@ from gateway.signals.prometheus import PrometheusPoller
 from gateway.signals.shared_qps import SharedQps
 from gateway.signals.store import MemorySharedState, RedisSharedState, SharedState
 from gateway.snapshot import PoolSnapshot, Snapshot
+from gateway.upstream import Fetch, Upstream, fetcher, make_upstream
 
 log = logging.getLogger("specgate.signals")
 
@@ -120,7 +120,8 @@ class SignalHub:
         self.shared_qps = SharedQps(self.store, settings.qps_window_s) if settings.redis_url else None
         self.prometheus = self._make_prometheus(settings)
         self.engines: EnginePoller | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._upstream: Upstream | None = None  # the engine scrapes' and the health checks' own (see fetch)
+        self.fetch: Fetch | None = None  # GETs to the replicas, off the request path; set by start()
         self._tasks: list[asyncio.Task[None]] = []
 
     def _make_prometheus(self, settings: Settings) -> PrometheusPoller | None:
@@ -147,9 +148,12 @@ class SignalHub:
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         s = self.settings
-        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=64, max_keepalive_connections=32))
+        # an upstream of its own: a scrape or a check never waits for a connection the proxied requests hold
+        self._upstream = make_upstream(s)
+        await self._upstream.start()
+        self.fetch = fetcher(self._upstream)
         self.engines = EnginePoller(
-            self._client,
+            self.fetch,
             self._targets,
             timeout_s=s.engine_metrics_timeout_s,
             window_s=s.acceptance_window_s,
@@ -185,8 +189,8 @@ class SignalHub:
         closing: list[Coroutine[Any, Any, None]] = [self.store.close()]
         if self.prometheus is not None:
             closing.append(self.prometheus.close())
-        if self._client is not None:
-            closing.append(self._client.aclose())
+        if self._upstream is not None:
+            closing.append(self._upstream.close())
         await asyncio.gather(*closing)
 
     # -- snapshot --------------------------------------------------------------------------------------

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
-import httpx
 import pytest
 
+from gateway.errors import UpstreamConnectError
 from gateway.metrics import HistogramSeries
 from gateway.signals.engine_poller import EnginePoller, ScrapeTarget
 
@@ -33,11 +33,16 @@ class FakeEngines:
     def __init__(self) -> None:
         self.texts: dict[str, str | None] = {}
 
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        text = self.texts.get(request.url.host)
+    async def fetch(self, url: str, timeout_s: float) -> tuple[int, bytes]:
+        """The poller's GET (gateway.upstream.Fetch), answered from ``texts``."""
+        text = self.texts.get(urlsplit(url).hostname or "")
         if text is None:
-            raise httpx.ConnectError("connection refused", request=request)
-        return httpx.Response(200, text=text)
+            raise UpstreamConnectError(f"cannot reach upstream {url}: connection refused")
+        return 200, text.encode()
+
+
+async def busy(url: str, timeout_s: float) -> tuple[int, bytes]:
+    return 503, b"busy"
 
 
 class Clock:
@@ -64,9 +69,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def poller(engines: FakeEngines, clock: Clock) -> AsyncIterator[EnginePoller]:
-    async with httpx.AsyncClient(transport=httpx.MockTransport(engines.handler)) as client:
-        yield EnginePoller(client, lambda: [SPEC_A, SPEC_B, STD_A], window_s=10, stale_after_s=3, clock=clock)
+def poller(engines: FakeEngines, clock: Clock) -> EnginePoller:
+    return EnginePoller(engines.fetch, lambda: [SPEC_A, SPEC_B, STD_A], window_s=10, stale_after_s=3, clock=clock)
 
 
 async def test_pool_sums_queues_averages_kv_and_weights_acceptance(
@@ -119,8 +123,7 @@ async def test_an_old_scrape_turns_stale(poller: EnginePoller, engines: FakeEngi
 
 
 async def test_http_error_status_marks_stale(clock: Clock) -> None:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(503, text="busy")))
-    poller = EnginePoller(client, lambda: [STD_A], clock=clock)
+    poller = EnginePoller(busy, lambda: [STD_A], clock=clock)
     await poller.scrape_once()
     [view] = poller.replicas()
     assert view.error is not None and "503" in view.error
@@ -129,20 +132,17 @@ async def test_http_error_status_marks_stale(clock: Clock) -> None:
 async def test_each_page_parse_is_timed_and_a_failed_fetch_is_not(engines: FakeEngines, clock: Clock) -> None:
     engines.texts = {"std-a": metrics_text(1, 0, 0.1, None), "spec-a": metrics_text(2, 1, 0.2, (10, 30, 100))}
     timing = HistogramSeries((0.001, 0.01))
-    client = httpx.AsyncClient(transport=httpx.MockTransport(engines.handler))
-    poller = EnginePoller(client, lambda: [STD_A, SPEC_A], clock=clock, timing=timing)
+    poller = EnginePoller(engines.fetch, lambda: [STD_A, SPEC_A], clock=clock, timing=timing)
     await poller.scrape_once()
     assert sum(timing.counts) == 2 and timing.sum > 0  # one parse per replica's page
-    failing = httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(503, text="busy")))
     timing_failed = HistogramSeries((0.001,))
-    await EnginePoller(failing, lambda: [STD_A], clock=clock, timing=timing_failed).scrape_once()
+    await EnginePoller(busy, lambda: [STD_A], clock=clock, timing=timing_failed).scrape_once()
     assert sum(timing_failed.counts) == 0
 
 
 async def test_removed_targets_are_forgotten(engines: FakeEngines, clock: Clock) -> None:
     targets = [STD_A, SPEC_A]
-    client = httpx.AsyncClient(transport=httpx.MockTransport(engines.handler))
-    poller = EnginePoller(client, lambda: targets, clock=clock)
+    poller = EnginePoller(engines.fetch, lambda: targets, clock=clock)
     await poller.scrape_once()
     targets.remove(SPEC_A)
     await poller.scrape_once()
@@ -157,18 +157,17 @@ async def test_the_own_requests_the_engines_count_are_those_in_flight_as_the_scr
     drops what finished since. One of spec-a's requests ends during the exchange: the larger count is kept."""
     inflight = {SPEC_A: 2, SPEC_B: 1, STD_A: 0}
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.host == "spec-a":
+    async def fetch(url: str, timeout_s: float) -> tuple[int, bytes]:
+        if urlsplit(url).hostname == "spec-a":
             inflight[SPEC_A] -= 1
-        return engines.handler(request)
+        return await engines.fetch(url, timeout_s)
 
     engines.texts = {"spec-a": metrics_text(2, 0, 0.1, None), "spec-b": None, "std-a": metrics_text(0, 0, 0, None)}
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        poller = EnginePoller(client, lambda: [SPEC_A, SPEC_B, STD_A], clock=clock, inflight=inflight.__getitem__)
-        await poller.scrape_once()
-        inflight[SPEC_A] = 0  # both finished after the scrape
-        assert poller.pool_stats("speculative").inflight_base == 2  # spec-b refused: its request is not in it
-        assert poller.pool_stats("standard").inflight_base == 0
-        inflight[SPEC_A] = 5
-        await poller.scrape_once()
+    poller = EnginePoller(fetch, lambda: [SPEC_A, SPEC_B, STD_A], clock=clock, inflight=inflight.__getitem__)
+    await poller.scrape_once()
+    inflight[SPEC_A] = 0  # both finished after the scrape
+    assert poller.pool_stats("speculative").inflight_base == 2  # spec-b refused: its request is not in it
+    assert poller.pool_stats("standard").inflight_base == 0
+    inflight[SPEC_A] = 5
+    await poller.scrape_once()
     assert poller.pool_stats("speculative").inflight_base == 5

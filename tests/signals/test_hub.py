@@ -92,8 +92,6 @@ async def test_a_request_that_finished_since_the_scrape_no_longer_loads_its_pool
     """The engine was read while this gateway's one request ran on it (running 1); the request has finished
     and a snapshot is built before the next scrape: the pool's load is 0, not a phantom 1 that would push the
     next request to the other pool. And one sent since is on top of what the engine said."""
-    import httpx
-
     from gateway.signals.engine_poller import EnginePoller
     from gateway.snapshot import pool_load
 
@@ -102,9 +100,12 @@ async def test_a_request_that_finished_since_the_scrape_no_longer_loads_its_pool
     text = "".join(f'vllm:num_requests_{name}{{engine="0",model_name="m"}} {value}\n' for name, value in
                    (("running", 1), ("waiting", 0)))  # fmt: skip
     hub = make_hub(CollectorRegistry())
-    async with httpx.AsyncClient(transport=httpx.MockTransport(lambda _: httpx.Response(200, text=text))) as client:
-        hub.engines = EnginePoller(client, lambda: [target], inflight=inflight.__getitem__)
-        await hub.engines.scrape_once()
+
+    async def fetch(url: str, timeout_s: float) -> tuple[int, bytes]:
+        return 200, text.encode()
+
+    hub.engines = EnginePoller(fetch, lambda: [target], inflight=inflight.__getitem__)
+    await hub.engines.scrape_once()
 
     def load(now: int) -> float:
         pools = {"standard": PoolSnapshot("standard", 1, 1, inflight=now, inflight_base=now)}  # as the pools build it

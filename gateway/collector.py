@@ -6,7 +6,7 @@ and not garbage: a request leaves no reference cycles behind (tests/test_direct.
 ``DEBUG_SAVEALL``), so each pass over them only stalls every request. With 1,000 streams in flight, measured
 with ``gc.callbacks`` under ``specgate bench soak`` (Dec 6 2026, this 2-core machine): middle-generation
 passes of 8 ms (max 18 ms) about once a second and oldest-generation passes of 27 ms (max 57 ms) every ten
-seconds or so, the largest part of the loop lag and of the first-byte tail (docs/operating.md, "What stalls
+seconds or so, the largest part of the loop lag and of the first-byte tail (docs/performance.md, "What stalls
 the event loop").
 
 So, once start-up is built, :class:`GarbageCollector` runs, every ``interval_s``, a pass over the two young
@@ -31,7 +31,7 @@ a pass runs every that many container allocations, and at thousands of requests 
 objects each) 700 meant ~600 passes a second, each rescanning the in-flight requests made since the last
 freeze. At 10,000 a pass scans at most that many young objects (~1 ms) about 40 times a second, and the
 gateway's CPU per non-streamed request fell ~7 % (gateway/bench/overhead.py's rig, issue 30; figures in
-docs/operating.md). Objects that die young are never scanned at any threshold; the freeze bounds the rest.
+docs/performance.md). Objects that die young are never scanned at any threshold; the freeze bounds the rest.
 
 Only ``specgate serve`` installs one: tests build many apps in one process, and freezing a test runner's
 objects is not theirs to do.

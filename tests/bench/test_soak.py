@@ -78,7 +78,9 @@ def test_short_soak_has_no_errors_and_no_rss_growth_trend(tmp_path: Path) -> Non
     assert growth is not None and growth < soak.RSS_TARGET
     # the gateway timed its periodic work and its collector's passes, and the report attributes them
     sources = {s.source for s in result.gateway.stalls}
-    assert {"job snapshot", "job gc-freeze", "gc 0"} <= sources, sources  # gc-freeze: `serve` installed the collector
+    # gc-freeze: `serve` installed the collector; gc 1: its tick's pass (young passes of their own are rare at the
+    # raised threshold, gc_young_threshold)
+    assert {"job snapshot", "job gc-freeze", "gc 1"} <= sources, sources
     assert "what held the gateway's event loop" in console.export_text()
     fds = [s.fds for s in result.warm() if s.fds is not None]
     assert fds and max(fds) - min(fds) <= 4  # one connection per stream, kept alive: no descriptor leak

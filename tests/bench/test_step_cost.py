@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -69,20 +70,36 @@ def test_measured_on_emulated_engines_the_fit_finds_their_step_model(tmp_path: P
         EmulatorConfig(_pinned(profile, k, 0.5), speculative=True, speed=speed) for k in (1, 3)
     ]
     out = tmp_path / "steps.json"
-    with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(ThreadServer(EmulatorApp(config, workload))).url for config in configs]
-        argv = ["bench", "step-cost", "--concurrency", "1,4,8", "--tokens", "16", "--rounds", "2", "--json", str(out),
-                "--profile-out", str(tmp_path / "fitted.yaml")]  # fmt: skip
-        for url in urls:
-            argv += ["--engine", url]
-        assert main(argv) == 0
-    data = orjson.loads(out.read_bytes())
+    model = TimingModel(_pinned(profile, 3, 0.5), True)
+
+    def off_model(points: list[dict[str, Any]]) -> list[tuple[int, int, float, float]]:
+        """Steps not as the profile's model has them, to within wall-clock noise: (k, batch, measured, model)."""
+        off = []
+        for p in points:
+            expected = model.speculative_step_s(p["batch"], p["k"]) if p["k"] else model.forward_s(p["batch"])
+            if p["step_s"] * speed != pytest.approx(expected, rel=0.3):
+                off.append((p["k"], p["batch"], p["step_s"] * speed, expected))
+        return off
+
+    # The emulators run in this process's threads, beside the client: a step their loop takes late is followed by
+    # steps on time (drift-free), so on a loaded machine a stream's intervals bunch and a median can read short.
+    # An engine off its model is measured again, once; it fails if it is off both times.
+    attempts = 0
+    while attempts < 2:
+        attempts += 1
+        with contextlib.ExitStack() as stack:
+            urls = [stack.enter_context(ThreadServer(EmulatorApp(config, workload))).url for config in configs]
+            argv = ["bench", "step-cost", "--concurrency", "1,4,8", "--tokens", "16", "--rounds", "2", "--json",
+                    str(out), "--profile-out", str(tmp_path / "fitted.yaml")]  # fmt: skip
+            for url in urls:
+                argv += ["--engine", url]
+            assert main(argv) == 0
+        data = orjson.loads(out.read_bytes())
+        if not off_model(data["points"]):
+            break
     assert sorted({p["k"] for p in data["points"]}) == [0, 1, 3]
     assert all((p["acceptance"] is None) == (p["k"] == 0) for p in data["points"])
-    model = TimingModel(_pinned(profile, 3, 0.5), True)
-    for p in data["points"]:  # each step as the profile's model has it, to within wall-clock noise
-        expected = model.speculative_step_s(p["batch"], p["k"]) if p["k"] else model.forward_s(p["batch"])
-        assert p["step_s"] * speed == pytest.approx(expected, rel=0.3)
+    assert off_model(data["points"]) == [], f"off the model in attempt {attempts} of 2"
     got = data["fit"]
     assert got["verify_cost_ratio"] == pytest.approx(0.5, abs=0.2)
     assert got["draft_cost_ratio"] == pytest.approx(0.175, abs=0.1)

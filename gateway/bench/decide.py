@@ -5,7 +5,9 @@ snapshot refresh) over a fixed set of requests from the shipped workload: the re
 rules while the model warms up (they fall through to the reference rules), and the shipped rules with a
 warm model (``fastest``: the per-request predictor's estimate, both pools' predictions and the choice).
 The whole-decision row is what a request costs: its features read from the body (the content features
-included), the snapshot with fresh in-flight counts, and ``decide``; the last rows the same with the prefix index
+included), the snapshot with fresh in-flight counts, and ``decide``, with the model's memo of predictions
+answering where an earlier call asked the same (the shipped workload repeats), and again with it missing every
+call (a loaded gateway's usual case: its loads change between requests); the last rows the same with the prefix index
 on (each prompt's blocks and session key read with its features), then also with what each pool's chosen
 replica is expected to hold read for the pool choice (``PoolSet.expected_cached``, two replicas a pool). Median
 and p99 in microseconds.
@@ -157,12 +159,21 @@ def measure(rounds: int = 20_000) -> dict[str, list[float]]:
             lambda: predictor.estimate(contents[next(it) % len(contents)]), rounds
         ),
         "whole decision: extract_features + snapshot + decide, warm": _time(whole, rounds),
+        # the same, the model's memo missed every call: a gateway's loads change from request to request, and its
+        # model is rebuilt every snapshot interval, so under load this is the usual case
+        "whole decision, warm, not remembered": _time(lambda: _forgetting(whole, warm), rounds),
         "prefix blocks + session key alone (PrefixReader.chat)": _time(
             lambda: prefixes.chat(bodies[next(it) % len(bodies)]["messages"], None, {}), rounds
         ),
         "whole decision, prefix index on (blocks read with the features)": _time(whole_indexed, rounds),
         "whole decision, index on, each pool's expected cached tokens read": _time(whole_cached, rounds),
     }
+
+
+def _forgetting(call: Callable[[], object], snapshot: Snapshot) -> object:
+    assert snapshot.model is not None
+    snapshot.model.memo.clear()
+    return call()
 
 
 def _unremembered(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRules) -> object:

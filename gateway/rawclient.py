@@ -33,6 +33,9 @@ HIGH_WATER = 1024 * 1024  # buffered body bytes at which a streamed response sto
 _TARGET_CACHE_LIMIT = 1024
 
 
+_NO_CONTENT = frozenset({"GET", "HEAD"})  # methods whose semantics anticipate no request content
+
+
 class RawClientError(Exception):
     """The upstream broke off or garbled a response after its head."""
 
@@ -367,7 +370,9 @@ class RawUpstream:
         cached = self._targets.get(url) if method == "POST" else None
         pool, prefix = cached or self._target(url, method)
         extra = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
-        request = b"".join([prefix, b"Content-Length: %d\r\n" % len(body), extra.encode("latin-1"), b"\r\n", body])
+        # a GET or HEAD without content carries no length (RFC 9110 8.6: a client SHOULD NOT send one there)
+        length = b"" if not body and method in _NO_CONTENT else b"Content-Length: %d\r\n" % len(body)
+        request = b"".join([prefix, length, extra.encode("latin-1"), b"\r\n", body])
         for attempt in (1, 2):
             # the retry takes a new connection: the next idle one may have been closed by the same server
             conn = await pool.acquire(fresh=attempt == 2)

@@ -50,7 +50,11 @@ class Recorder:
         app.router.add_post("/chunked", self._chunked)
         app.router.add_post("/slow", self._slow)
         app.router.add_post("/echo", self._echo)
+        app.router.add_get("/length", self._length)
         return app
+
+    async def _length(self, request: web.Request) -> web.Response:
+        return web.Response(body=request.headers.get("content-length", "none").encode())
 
     async def _fixed(self, request: web.Request) -> web.Response:
         return web.Response(body=b"fixed:" + request.headers.get("x-id", "").encode(), headers={"x-up": "1"})
@@ -407,3 +411,14 @@ async def test_a_request_on_a_kept_alive_connection_does_not_look_up_the_running
         r = await raw.send(f"{url}/fixed", b"{}", {"x-id": str(index)})
         assert await r.read() == b"fixed:%d" % index
     assert calls == []
+
+
+async def test_a_get_without_content_sends_no_length_and_a_post_does(client: Any, recorder: Any) -> None:
+    """RFC 9110 8.6: a client SHOULD NOT send Content-Length where the method anticipates no content (the health
+    checks' and scrapes' GETs); a POST says its length, an empty one too."""
+    _, url = recorder
+    raw = await client()
+    r = await raw.send(f"{url}/length", b"", {}, "GET")
+    assert await r.read() == b"none"
+    r = await raw.send(f"{url}/echo", b"", {})
+    assert r.status == 200 and await r.read() == hashlib.sha256(b"").hexdigest().encode()

@@ -34,6 +34,7 @@ from gateway.bench.step_cost import (
     measure,
     measure_engine,
     report,
+    spread,
     to_json,
 )
 from gateway.cli_bench_compare import int_list
@@ -151,7 +152,8 @@ def _cpu(ks: list[int], batches: list[int], tokens: int, rounds: int, prompt: st
                 result.points += asyncio.run(measure_engine(server.url, batches, tokens, rounds, prompt))
             finally:
                 server.stop()
-    result.fit = fit(result.points) if 0 in ks else None
+    if 0 in ks:
+        result.fit, result.spread = fit(result.points), spread(result.points)
     return result
 
 

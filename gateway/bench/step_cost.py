@@ -15,6 +15,12 @@ The fit is the emulator's step model in the rig's own terms (``backends/emulator
   ``S(B, k) = k c T(B) + T(B) + v a B k``;
 - ``c`` and ``v`` by least squares in relative error (both at least 0).
 
+``c`` and ``v`` trade off: drafting adds ``k c overhead + k c a B``, verification ``k v a B``, so over a few batch
+levels the data hold ``c`` (from the intercept) and ``c + v`` (from the slope) but little of how the slope splits.
+Steps 5 % off move ``v`` by 0.2 or more in a third of fits at ``B`` = 1, 4, 8 while the fitted steps stay within
+15 %. The command reports each ratio's spread over the fits that leave one measured step out: a wide one says
+measure higher concurrency before trusting the ratio, though the fitted steps themselves hold.
+
 A profile prices the verification of ``B (k + 1)`` tokens as that many decode tokens, ``v = 1`` (the default
 ``verify_cost_ratio``); ``v`` well below 1 would say the profile overstates what ``k`` costs.
 """
@@ -81,6 +87,7 @@ class Fit:
 class StepCostResult:
     points: list[StepPoint] = field(default_factory=list)
     fit: Fit | None = None
+    spread: dict[str, tuple[float, float]] | None = None  # see :func:`spread`
 
 
 async def _stream(client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int) -> list[float]:
@@ -164,6 +171,21 @@ def fit(points: Sequence[StepPoint]) -> Fit:
     return Fit(overhead, a, c, v)
 
 
+def spread(points: Sequence[StepPoint]) -> dict[str, tuple[float, float]]:
+    """The lowest and highest ``draft_cost_ratio`` and ``verify_cost_ratio`` over the fit of all ``points`` and
+    the fits that leave one of them out (those that can still be fitted): how firmly the points hold each."""
+    fits = [fit(points)]
+    for i in range(len(points)):
+        try:
+            fits.append(fit([*points[:i], *points[i + 1 :]]))
+        except StepCostError:
+            continue
+    return {
+        name: (min(getattr(f, name) for f in fits), max(getattr(f, name) for f in fits))
+        for name in ("draft_cost_ratio", "verify_cost_ratio")
+    }
+
+
 def _nonnegative_least_squares(rows: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
     """``(x, y) >= 0`` minimising the sum of ``(x r0 + y r1 - r2)^2``: the unconstrained solution, or the best
     with one of them at 0."""
@@ -196,7 +218,8 @@ def measure(
     result = StepCostResult()
     for url in urls:
         result.points += asyncio.run(measure_engine(url, batches, tokens, rounds, prompt))
-    result.fit = fit(result.points) if any(p.k == 0 for p in result.points) else None
+    if any(p.k == 0 for p in result.points):
+        result.fit, result.spread = fit(result.points), spread(result.points)
     return result
 
 
@@ -223,6 +246,12 @@ def report(result: StepCostResult, console: Console) -> None:
         f"step c = {model.draft_cost_ratio:.3f} x a plain step; a drafted token verified at v = "
         f"{model.verify_cost_ratio:.2f} x a decode token (a profile's verify_cost_ratio; 1 = priced as decode)"
     )
+    if result.spread:
+        (c_low, c_high), (v_low, v_high) = result.spread["draft_cost_ratio"], result.spread["verify_cost_ratio"]
+        console.print(
+            f"leaving one step out: c {c_low:.3f}-{c_high:.3f}, v {v_low:.2f}-{v_high:.2f} (c and v trade off; a "
+            "wide range wants higher concurrency levels, the fitted steps hold either way)"
+        )
     residuals = [
         math.log(p.step_s / model.speculative_s(p.batch, p.k)) for p in result.points if p.k > 0 and p.step_s > 0
     ]
@@ -232,7 +261,11 @@ def report(result: StepCostResult, console: Console) -> None:
 
 
 def to_json(result: StepCostResult) -> dict[str, Any]:
-    return {"points": [asdict(p) for p in result.points], "fit": None if result.fit is None else asdict(result.fit)}
+    return {
+        "points": [asdict(p) for p in result.points],
+        "fit": None if result.fit is None else asdict(result.fit),
+        "spread": result.spread,
+    }
 
 
 def fitted_profile(base: Profile, model: Fit, note: str) -> dict[str, Any]:

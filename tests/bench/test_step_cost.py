@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import random
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from backends.emulator.profiles import Profile, load_profile
 from backends.emulator.server import EmulatorApp, EmulatorConfig
 from backends.emulator.timing import TimingModel
 from backends.workloads.loader import load_workload
-from gateway.bench.step_cost import Fit, StepCostError, StepPoint, fit
+from gateway.bench.step_cost import Fit, StepCostError, StepPoint, fit, spread
 from gateway.cli import main
 from gateway.servers import ThreadServer
 
@@ -62,7 +63,9 @@ def _pinned(profile: Profile, k: int, verify: float) -> Profile:
 def test_measured_on_emulated_engines_the_fit_finds_their_step_model(tmp_path: Path) -> None:
     """Engines of a profile whose drafted tokens cost half a decode token (v = 0.5, c = 0.175): a plain one and
     two with k pinned at 1 and 3. The command reads each one's k from its counters, measures its steps through
-    real streams and fits c and v back (wall-clock noise allowed)."""
+    real streams and fits the step model back: the fitted model gives every measured step to within wall-clock
+    noise. Not c and v one by one: at three batch levels they trade off (see the next test), and one CI run read
+    v = 0.83 and c = 0.10 off steps all within 9 % of the model's."""
     profile = load_profile("cpu-smollm2")
     workload = load_workload()
     speed = 1.0
@@ -72,18 +75,24 @@ def test_measured_on_emulated_engines_the_fit_finds_their_step_model(tmp_path: P
     out = tmp_path / "steps.json"
     model = TimingModel(_pinned(profile, 3, 0.5), True)
 
-    def off_model(points: list[dict[str, Any]]) -> list[tuple[int, int, float, float]]:
-        """Steps not as the profile's model has them, to within wall-clock noise: (k, batch, measured, model)."""
+    def expected(p: dict[str, Any]) -> float:
+        return model.speculative_step_s(p["batch"], p["k"]) if p["k"] else model.forward_s(p["batch"])
+
+    def off_model(data: dict[str, Any]) -> list[tuple[str, int, int, float, float]]:
+        """Steps, measured or fitted, not as the profile's model has them, to within wall-clock noise (30 % for a
+        measured step, 20 % for the fit, which pools them): (what, k, batch, seconds, model's seconds)."""
+        got = Fit(**data["fit"])
         off = []
-        for p in points:
-            expected = model.speculative_step_s(p["batch"], p["k"]) if p["k"] else model.forward_s(p["batch"])
-            if p["step_s"] * speed != pytest.approx(expected, rel=0.3):
-                off.append((p["k"], p["batch"], p["step_s"] * speed, expected))
+        for p in data["points"]:
+            fitted = got.speculative_s(p["batch"], p["k"]) if p["k"] else got.plain_s(p["batch"])
+            for what, seconds, rel in (("measured", p["step_s"], 0.3), ("fitted", fitted, 0.2)):
+                if seconds * speed != pytest.approx(expected(p), rel=rel):
+                    off.append((what, p["k"], p["batch"], seconds * speed, expected(p)))
         return off
 
     # The emulators run in this process's threads, beside the client: a step their loop takes late is followed by
     # steps on time (drift-free), so on a loaded machine a stream's intervals bunch and a median can read short.
-    # An engine off its model is measured again, once; it fails if it is off both times.
+    # Engines off their model are measured again, once; it fails if they are off both times.
     attempts = 0
     while attempts < 2:
         attempts += 1
@@ -95,21 +104,47 @@ def test_measured_on_emulated_engines_the_fit_finds_their_step_model(tmp_path: P
                 argv += ["--engine", url]
             assert main(argv) == 0
         data = orjson.loads(out.read_bytes())
-        if not off_model(data["points"]):
+        if not off_model(data):
             break
     assert sorted({p["k"] for p in data["points"]}) == [0, 1, 3]
     assert all((p["acceptance"] is None) == (p["k"] == 0) for p in data["points"])
-    assert off_model(data["points"]) == [], f"off the model in attempt {attempts} of 2"
+    assert off_model(data) == [], f"off the model in attempt {attempts} of 2"
     got = data["fit"]
-    assert got["verify_cost_ratio"] == pytest.approx(0.5, abs=0.2)
-    assert got["draft_cost_ratio"] == pytest.approx(0.175, abs=0.1)
-    assert got["per_token_s"] * speed == pytest.approx(profile.step.compute_s_per_token, rel=0.25)
+    low, high = data["spread"]["verify_cost_ratio"]
+    assert low <= got["verify_cost_ratio"] <= high
     fitted = load_profile(tmp_path / "fitted.yaml")  # the base profile with the fitted step costs, as simulate reads it
     assert fitted.name == "cpu-smollm2-fitted" and "step-cost" in fitted.source
     assert fitted.speculative.verify_cost_ratio == pytest.approx(got["verify_cost_ratio"], abs=1e-4)
+    assert fitted.speculative.draft_cost_ratio == pytest.approx(got["draft_cost_ratio"], abs=1e-4)
     assert fitted.step.overhead_s == pytest.approx(got["overhead_s"], abs=1e-6)
     assert fitted.kv_capacity_tokens == profile.kv_capacity_tokens
     assert fitted.acceptance_model == profile.acceptance_model
+
+
+def test_under_noise_the_fit_keeps_the_steps_and_its_spread_shows_how_loosely_c_and_v_are_held() -> None:
+    """Steps measured 5 % off (seeded log-normal noise) at three batch levels: the fit's steps stay within 15 % of
+    the truth, while c and v, which trade off against each other, can each be far off; the leave-one-out spread
+    the command reports then is wide and holds the truth more often than not."""
+    truth = Fit(overhead_s=0.0105, per_token_s=0.00108, draft_cost_ratio=0.175, verify_cost_ratio=0.5)
+    rng = random.Random(7)
+    far = held = 0
+    for _ in range(200):
+        points = [
+            dataclasses.replace(p, step_s=p.step_s * rng.lognormvariate(0.0, 0.05))
+            for p in _points(truth, (0, 1, 3))
+            if p.batch in (1, 4, 8)
+        ]
+        got = fit(points)
+        for p in points:
+            steps = (got.speculative_s(p.batch, p.k), truth.speculative_s(p.batch, p.k)) if p.k else (
+                got.plain_s(p.batch), truth.plain_s(p.batch))  # fmt: skip
+            assert steps[0] == pytest.approx(steps[1], rel=0.15)
+        far += abs(got.verify_cost_ratio - 0.5) > 0.2
+        low, high = spread(points)["verify_cost_ratio"]
+        assert low <= got.verify_cost_ratio <= high
+        held += low <= 0.5 <= high
+    assert far > 20  # v alone is not what three levels measure
+    assert held > 100
 
 
 def test_the_verification_weighs_drafted_tokens_by_the_profile_ratio() -> None:

@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gateway.bench.compare import discover_model, read_spec_counters
-from gateway.signals.vllm_metrics import SpecCounters
+from gateway.signals.vllm_metrics import MetricsParseError, SpecCounters, parse_vllm_metrics
 
 if TYPE_CHECKING:
     from backends.emulator.profiles import Profile
@@ -66,6 +66,9 @@ class StepPoint:
     batch: int
     step_s: float  # median interval between a stream's content chunks
     acceptance: float | None  # vLLM's accepted / drafted tokens over the level (None: no speculation)
+    ran: int = 0  # where the engine ran fewer than ``batch`` at once (its max_num_seqs held the rest waiting):
+    # how many it ran; 0: all of them. Such a level's steps mix batch sizes (a full batch, then the rest's), so
+    # the fit leaves it out
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +93,10 @@ class StepCostResult:
     spread: dict[str, tuple[float, float]] | None = None  # see :func:`spread`
 
 
-async def _stream(client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int) -> list[float]:
-    """One stream's intervals between content chunks, in seconds."""
+async def _stream(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int, stepping: asyncio.Event | None = None
+) -> list[float]:
+    """One stream's intervals between content chunks, in seconds; sets ``stepping`` at its third chunk."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
     stamps: list[float] = []
@@ -105,6 +110,8 @@ async def _stream(client: httpx.AsyncClient, url: str, model: str, prompt: str, 
             choices = orjson.loads(line[6:]).get("choices") or ()
             if choices and (choices[0].get("delta") or {}).get("content"):
                 stamps.append(time.perf_counter())
+                if stepping is not None and len(stamps) == 3:
+                    stepping.set()
     return [b - a for a, b in itertools.pairwise(stamps)]
 
 
@@ -113,6 +120,19 @@ async def _model(client: httpx.AsyncClient, url: str) -> str:
         return (await discover_model(client, url))[0]
     except (KeyError, IndexError, TypeError) as exc:
         raise StepCostError(f"{url}/v1/models lists no model") from exc
+
+
+async def _running(client: httpx.AsyncClient, url: str, stepping: asyncio.Event) -> tuple[float, float] | None:
+    """The engine's running and waiting requests once a stream is stepping (one scrape a round, so the steps
+    timed are not disturbed); None where the engine does not say."""
+    await stepping.wait()
+    try:
+        response = await client.get(f"{url}/metrics")
+        response.raise_for_status()
+        stats = parse_vllm_metrics(response.text)
+    except (httpx.HTTPError, MetricsParseError):
+        return None
+    return stats.running, stats.waiting
 
 
 def _k(before: SpecCounters | None, after: SpecCounters | None) -> int:
@@ -134,9 +154,20 @@ async def measure_engine(
         for batch in batches:
             before = await read_spec_counters(client, url)
             intervals: list[float] = []
+            ran = batch  # requests the engine ran at once: fewer than asked where its max_num_seqs holds the rest
             for _ in range(rounds):
-                runs = await asyncio.gather(*(_stream(client, url, model, prompt, tokens) for _ in range(batch)))
+                stepping = asyncio.Event()
+                sample = asyncio.ensure_future(_running(client, url, stepping))
+                try:
+                    runs = await asyncio.gather(
+                        *(_stream(client, url, model, prompt, tokens, stepping) for _ in range(batch))
+                    )
+                finally:
+                    stepping.set()
+                    seen = await sample
                 intervals += [gap for run in runs for gap in run]
+                if seen is not None and seen[1] > 0 and 1 <= seen[0] < batch:
+                    ran = min(ran, round(seen[0]))
             if not intervals:
                 raise StepCostError(f"{url}: no stream gave two content chunks (tokens={tokens})")
             after = await read_spec_counters(client, url)
@@ -144,13 +175,15 @@ async def measure_engine(
             if before is not None and after is not None and after.draft_tokens > before.draft_tokens:
                 drafted = after.draft_tokens - before.draft_tokens
                 acceptance = (after.accepted_tokens - before.accepted_tokens) / drafted
-            levels.append((batch, statistics.median(intervals), acceptance))
+            levels.append((batch, ran if ran < batch else 0, statistics.median(intervals), acceptance))
         k = _k(first, await read_spec_counters(client, url))
-    return [StepPoint(url, k, batch, step, acceptance) for batch, step, acceptance in levels]
+    return [StepPoint(url, k, batch, step, acceptance, ran) for batch, ran, step, acceptance in levels]
 
 
 def fit(points: Sequence[StepPoint]) -> Fit:
-    """The step model above, fitted: the plain engine's line, then ``c`` and ``v`` from the others."""
+    """The step model above, fitted: the plain engine's line, then ``c`` and ``v`` from the others (levels the
+    engine ran part of at a time left out)."""
+    points = [p for p in points if not p.ran]
     plain = [(p.batch, p.step_s) for p in points if p.k == 0]
     if len({b for b, _ in plain}) < 2:
         raise StepCostError("the fit needs a plain engine (k = 0) measured at two concurrency levels or more")
@@ -174,6 +207,7 @@ def fit(points: Sequence[StepPoint]) -> Fit:
 def spread(points: Sequence[StepPoint]) -> dict[str, tuple[float, float]]:
     """The lowest and highest ``draft_cost_ratio`` and ``verify_cost_ratio`` over the fit of all ``points`` and
     the fits that leave one of them out (those that can still be fitted): how firmly the points hold each."""
+    points = [p for p in points if not p.ran]
     fits = [fit(points)]
     for i in range(len(points)):
         try:
@@ -233,11 +267,15 @@ def report(result: StepCostResult, console: Console) -> None:
         base = plain.get(p.batch)
         ratio = f"{p.step_s / base:.2f}" if base else "-"
         fitted = "-"
-        if model is not None and base:
+        if model is not None and base and not p.ran:
             fitted = f"{(model.speculative_s(p.batch, p.k) if p.k else model.plain_s(p.batch)) / base:.2f}"
         accepted = "-" if p.acceptance is None else f"{p.acceptance:.2f}"
-        table.add_row(p.engine, str(p.k), str(p.batch), f"{p.step_s * 1000:.1f}", ratio, fitted, accepted)
+        batch = f"{p.batch} ({p.ran} ran)" if p.ran else str(p.batch)
+        table.add_row(p.engine, str(p.k), batch, f"{p.step_s * 1000:.1f}", ratio, fitted, accepted)
     console.print(table)
+    if any(p.ran for p in result.points):
+        console.print('B "S (R ran)": the engine ran R of the S streams at once (its max_num_seqs), the rest waited; '
+                      "such a level's steps mix batch sizes, and the fit leaves it out")  # fmt: skip
     if model is None:
         console.print("no plain engine (k = 0) measured: no fit")
         return
@@ -246,15 +284,14 @@ def report(result: StepCostResult, console: Console) -> None:
         f"step c = {model.draft_cost_ratio:.3f} x a plain step; a drafted token verified at v = "
         f"{model.verify_cost_ratio:.2f} x a decode token (a profile's verify_cost_ratio; 1 = priced as decode)"
     )
-    if result.spread:
+    if result.spread and any(p.k for p in result.points):
         (c_low, c_high), (v_low, v_high) = result.spread["draft_cost_ratio"], result.spread["verify_cost_ratio"]
         console.print(
             f"leaving one step out: c {c_low:.3f}-{c_high:.3f}, v {v_low:.2f}-{v_high:.2f} (c and v trade off; a "
             "wide range wants higher concurrency levels, the fitted steps hold either way)"
         )
-    residuals = [
-        math.log(p.step_s / model.speculative_s(p.batch, p.k)) for p in result.points if p.k > 0 and p.step_s > 0
-    ]
+    fitted = [p for p in result.points if p.k > 0 and p.step_s > 0 and not p.ran]
+    residuals = [math.log(p.step_s / model.speculative_s(p.batch, p.k)) for p in fitted]
     if residuals:
         console.print(f"speculative steps against the fit: worst {max(map(abs, residuals)):.1%}, "
                       f"RMS {math.sqrt(sum(r * r for r in residuals) / len(residuals)):.1%} (log)")  # fmt: skip

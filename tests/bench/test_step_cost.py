@@ -147,6 +147,25 @@ def test_under_noise_the_fit_keeps_the_steps_and_its_spread_shows_how_loosely_c_
     assert held > 100
 
 
+def test_a_level_past_the_engines_max_num_seqs_is_shown_and_left_out_of_the_fit(tmp_path: Path) -> None:
+    """An engine that runs 4 requests at once: of 8 streams sent, 4 run and 4 wait, so the level's steps mix a
+    batch of 4 and the rest's. The point says how many ran, and the fit leaves it out. On the CPU engine
+    (max_num_seqs 16) a level of 32 streams read as a batch of 32 pulled the fitted v from 0.5 to 1.36."""
+    profile = load_profile("cpu-smollm2").model_copy(update={"max_num_seqs": 4})
+    out = tmp_path / "steps.json"
+    with ThreadServer(EmulatorApp(EmulatorConfig(profile, speculative=False), load_workload())) as server:
+        argv = ["bench", "step-cost", "--engine", server.url, "--concurrency", "1,2,8", "--tokens", "12", "--rounds",
+                "1", "--json", str(out)]  # fmt: skip
+        assert main(argv) == 0
+    points = {p["batch"]: p for p in orjson.loads(out.read_bytes())["points"]}
+    assert (points[2]["ran"], points[8]["ran"]) == (0, 4)
+    truth = Fit(0.03, 0.0015, 0.1, 0.5)
+    clean = _points(truth)
+    mixed = StepPoint("e", 2, 16, 0.001, 0.5, ran=4)  # a step no model gives
+    assert fit([*clean, mixed]) == fit(clean)
+    assert spread([*clean, mixed]) == spread(clean)
+
+
 def test_the_verification_weighs_drafted_tokens_by_the_profile_ratio() -> None:
     profile = load_profile("cpu-smollm2")
     full, half = TimingModel(profile, True), TimingModel(_pinned(profile, 4, 0.5), True)

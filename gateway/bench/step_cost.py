@@ -288,10 +288,10 @@ def report(result: StepCostResult, console: Console) -> None:
         (c_low, c_high), (v_low, v_high) = result.spread["draft_cost_ratio"], result.spread["verify_cost_ratio"]
         console.print(
             f"leaving one step out: c {c_low:.3f}-{c_high:.3f}, v {v_low:.2f}-{v_high:.2f} (c and v trade off; a "
-            "wide range wants higher concurrency levels, the fitted steps hold either way)"
+            "wide range wants more batch levels, up to the engine's max_num_seqs; the fitted steps hold either way)"
         )
-    fitted = [p for p in result.points if p.k > 0 and p.step_s > 0 and not p.ran]
-    residuals = [math.log(p.step_s / model.speculative_s(p.batch, p.k)) for p in fitted]
+    timed = [p for p in result.points if p.k > 0 and p.step_s > 0 and not p.ran]
+    residuals = [math.log(p.step_s / model.speculative_s(p.batch, p.k)) for p in timed]
     if residuals:
         console.print(f"speculative steps against the fit: worst {max(map(abs, residuals)):.1%}, "
                       f"RMS {math.sqrt(sum(r * r for r in residuals) / len(residuals)):.1%} (log)")  # fmt: skip

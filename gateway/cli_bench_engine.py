@@ -29,12 +29,11 @@ from gateway.bench.step_cost import (
     COPY_PROMPT,
     StepCostError,
     StepCostResult,
-    fit,
+    fit_result,
     fitted_profile,
     measure,
     measure_engine,
     report,
-    spread,
     to_json,
 )
 from gateway.cli_bench_compare import int_list
@@ -153,7 +152,7 @@ def _cpu(ks: list[int], batches: list[int], tokens: int, rounds: int, prompt: st
             finally:
                 server.stop()
     if 0 in ks:
-        result.fit, result.spread = fit(result.points), spread(result.points)
+        fit_result(result)
     return result
 
 

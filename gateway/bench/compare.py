@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.signals.vllm_metrics import SpecCounters, parse_vllm_metrics, spec_delta
+from gateway.signals.vllm_metrics import EngineStats, SpecCounters, parse_vllm_metrics, spec_delta
 
 
 @dataclass(frozen=True)
@@ -208,11 +208,16 @@ def category_requests(items: Sequence[BenchItem], concurrency: int) -> list[Benc
     return [items[index % len(items)] for index in range(count)]
 
 
-async def read_spec_counters(client: httpx.AsyncClient, url: str) -> SpecCounters | None:
-    """The server's cumulative speculative counters (None when it does not speculate)."""
+async def read_engine_stats(client: httpx.AsyncClient, url: str) -> EngineStats:
+    """The server's ``/metrics``, parsed: its running and waiting requests, its speculative counters."""
     response = await client.get(f"{url}/metrics")
     response.raise_for_status()
-    return parse_vllm_metrics(response.text).spec
+    return parse_vllm_metrics(response.text)
+
+
+async def read_spec_counters(client: httpx.AsyncClient, url: str) -> SpecCounters | None:
+    """The server's cumulative speculative counters (None when it does not speculate)."""
+    return (await read_engine_stats(client, url)).spec
 
 
 async def discover_model(client: httpx.AsyncClient, url: str) -> tuple[str, str]:

@@ -19,7 +19,8 @@ The fit is the emulator's step model in the rig's own terms (``backends/emulator
 levels the data hold ``c`` (from the intercept) and ``c + v`` (from the slope) but little of how the slope splits.
 Steps 5 % off move ``v`` by 0.2 or more in a third of fits at ``B`` = 1, 4, 8 while the fitted steps stay within
 15 %. The command reports each ratio's spread over the fits that leave one measured step out: a wide one says
-measure higher concurrency before trusting the ratio, though the fitted steps themselves hold.
+measure more batch levels (up to the engine's ``max_num_seqs``) before trusting the ratio, though the fitted
+steps themselves hold.
 
 A profile prices the verification of ``B (k + 1)`` tokens as that many decode tokens, ``v = 1`` (the default
 ``verify_cost_ratio``); ``v`` well below 1 would say the profile overstates what ``k`` costs.
@@ -41,8 +42,8 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
-from gateway.bench.compare import discover_model, read_spec_counters
-from gateway.signals.vllm_metrics import MetricsParseError, SpecCounters, parse_vllm_metrics
+from gateway.bench.compare import discover_model, read_engine_stats, read_spec_counters
+from gateway.signals.vllm_metrics import MetricsParseError, SpecCounters
 
 if TYPE_CHECKING:
     from backends.emulator.profiles import Profile
@@ -127,9 +128,7 @@ async def _running(client: httpx.AsyncClient, url: str, stepping: asyncio.Event)
     timed are not disturbed); None where the engine does not say."""
     await stepping.wait()
     try:
-        response = await client.get(f"{url}/metrics")
-        response.raise_for_status()
-        stats = parse_vllm_metrics(response.text)
+        stats = await read_engine_stats(client, url)
     except (httpx.HTTPError, MetricsParseError):
         return None
     return stats.running, stats.waiting
@@ -204,11 +203,12 @@ def fit(points: Sequence[StepPoint]) -> Fit:
     return Fit(overhead, a, c, v)
 
 
-def spread(points: Sequence[StepPoint]) -> dict[str, tuple[float, float]]:
-    """The lowest and highest ``draft_cost_ratio`` and ``verify_cost_ratio`` over the fit of all ``points`` and
-    the fits that leave one of them out (those that can still be fitted): how firmly the points hold each."""
+def spread(points: Sequence[StepPoint], whole: Fit | None = None) -> dict[str, tuple[float, float]]:
+    """The lowest and highest ``draft_cost_ratio`` and ``verify_cost_ratio`` over the fit of all ``points``
+    (``whole``, where the caller has it) and the fits that leave one of them out (those that can still be
+    fitted): how firmly the points hold each."""
     points = [p for p in points if not p.ran]
-    fits = [fit(points)]
+    fits = [whole if whole is not None else fit(points)]
     for i in range(len(points)):
         try:
             fits.append(fit([*points[:i], *points[i + 1 :]]))
@@ -218,6 +218,12 @@ def spread(points: Sequence[StepPoint]) -> dict[str, tuple[float, float]]:
         name: (min(getattr(f, name) for f in fits), max(getattr(f, name) for f in fits))
         for name in ("draft_cost_ratio", "verify_cost_ratio")
     }
+
+
+def fit_result(result: StepCostResult) -> None:
+    """``result``'s fit and its spread, from its points."""
+    result.fit = fit(result.points)
+    result.spread = spread(result.points, result.fit)
 
 
 def _nonnegative_least_squares(rows: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
@@ -253,7 +259,7 @@ def measure(
     for url in urls:
         result.points += asyncio.run(measure_engine(url, batches, tokens, rounds, prompt))
     if any(p.k == 0 for p in result.points):
-        result.fit, result.spread = fit(result.points), spread(result.points)
+        fit_result(result)
     return result
 
 

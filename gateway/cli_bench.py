@@ -30,9 +30,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     overhead.add_argument(
         "--compare-to",
         metavar="REV",
-        help="this tree's gateway against REV's (git archive), alternating, same apparatus; one gateway target",
+        help="this tree's gateway against REV's (git archive), alternating, same apparatus; one gateway target. "
+        "'compiled': this tree's compiled build (a wheel built as pip install . builds it, with mypyc) against "
+        "its source, interpreted",
     )
     overhead.add_argument("--rounds", type=int, default=3, help="with --compare-to: runs per side (default 3)")
+    overhead.add_argument(
+        "--wheel", type=Path, help="with --compare-to compiled: this compiled wheel instead of building one"
+    )
     overhead.add_argument(
         "--paired",
         action="store_true",
@@ -122,6 +127,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     limits.set_defaults(func=run_limits)
     decide = bench_sub.add_parser("decide", help="the cost of one routing decision per policy (micro-benchmark)")
     decide.add_argument("--rounds", type=int, default=20_000, help="calls timed per row")
+    decide.add_argument(
+        "--compiled",
+        action="store_true",
+        help="this tree's compiled build (a wheel built as pip install . builds it, with mypyc) against its "
+        "source, each in a process of its own, alternating",
+    )
+    decide.add_argument("--wheel", type=Path, help="with --compiled: this compiled wheel instead of building one")
     decide.set_defaults(func=run_decide)
     prefix = bench_sub.add_parser("prefix-index", help="the prefix index's memory for N sessions and its cost per call")
     prefix.add_argument("--sessions", type=int, default=100_000, help="synthetic chat sessions (default 100,000)")
@@ -143,7 +155,7 @@ def run_overhead(args: argparse.Namespace) -> int:
     concurrency = [int(c) for c in args.concurrency.split(",")]
     return overhead.main(
         targets, concurrency, args.scale, args.json, args.rules, args.compare_to, args.rounds, args.paired,
-        pace_s=args.pace_ms / 1e3,
+        pace_s=args.pace_ms / 1e3, wheel=args.wheel,
     )
 
 
@@ -166,7 +178,7 @@ def run_hooks(args: argparse.Namespace) -> int:
 def run_decide(args: argparse.Namespace) -> int:
     from gateway.bench import decide
 
-    return decide.main(args.rounds)
+    return decide.main(args.rounds, args.compiled, args.wheel)
 
 
 def run_prefix_index(args: argparse.Namespace) -> int:

@@ -14,6 +14,7 @@ from gateway import __version__, cli_rules_suggest
 from gateway.app import SpecgateApp, create_app
 from gateway.auth import KeysError
 from gateway.collector import GarbageCollector
+from gateway.compiled import build_summary
 from gateway.config import Settings
 from gateway.errors import MissingExtra, RulesError
 from gateway.intake import intake_protocol
@@ -135,6 +136,7 @@ def log_summary(app: SpecgateApp) -> None:
         f"redis: {_redacted(settings.redis_url) if settings.redis_url else 'off (state in this process only)'}",
         f"prometheus: {settings.prometheus_url or 'off (QPS from the local or Redis window)'}",
         f"upstream client: {client}; log format: {settings.log_format}; tracing: {settings.tracing}",
+        f"request path: {build_summary()}",
     ]
     log.info("start-up:\n  %s", "\n  ".join(lines))
 

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,17 @@ from gateway.config import Settings
 from gateway.intake import intake_protocol
 from gateway.rules import reference_rules_path
 from gateway.servers import ThreadServer, free_port
+from tests.wheel import build_image_wheel
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """``SPECGATE_TEST_COMPILED=1`` (tests/test_compiled.py): the run is for the compiled package, so it must not
+    silently test the source instead."""
+    if os.environ.get("SPECGATE_TEST_COMPILED") == "1":
+        from gateway.compiled import MODULES, compiled_modules
+
+        if len(compiled_modules()) != len(MODULES):
+            raise pytest.UsageError(f"SPECGATE_TEST_COMPILED=1 but only {compiled_modules()} are compiled")
 
 
 @pytest.fixture(autouse=True)
@@ -29,6 +41,12 @@ def _clean_specgate_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("SPECGATE_"):
             monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(scope="session")
+def image_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel the image's build stage builds (compiled), built once a run: tests/wheel.py."""
+    return build_image_wheel(tmp_path_factory.mktemp("image-wheel"))
 
 
 @dataclass

@@ -37,6 +37,7 @@ def test_serve_quick_start_without_a_rules_file(upstreams: Upstreams, tmp_path: 
         "redis: off",
         "prometheus: off",
         "upstream client: auto (raw for http://, aiohttp for https://); log format: text; tracing: off",
+        "request path: interpreted (no compiled modules",  # the tests run the editable (source) install
     ):
         assert expected in logged, f"{expected!r} not in the start-up log:\n{logged}"
 

@@ -249,8 +249,8 @@ class Learner:
                 out[f"{pool}|prefill|-|-"] = (state.prefill.value(), state.prefill.spread)
         out.update(self.predictor.export())
         for seg, window in self._lengths.items():
-            for q, value in enumerate(_quantiles(window)):
-                out[f"-|len|{seg}|{q}"] = (float(value), float(len(window)))
+            for q, quantile in enumerate(_quantiles(window)):
+                out[f"-|len|{seg}|{q}"] = (float(quantile), float(len(window)))
         for seg, (value, count) in self._centres.items():  # "" (all segments) included
             out[f"-|lcen|{seg}|-"] = (value, count)
         return out

@@ -129,7 +129,7 @@ def _known(features: RequestFeatures, snapshot: Snapshot, model: LatencyModel) -
         return None
     rate, output = known
     pool = snapshot.pool(SPECULATIVE)
-    k: float = 0.0
+    k = 0  # an int, as round() and ceil() give it (mypyc keeps int and float apart)
     if pool.acceptance_rate and pool.acceptance_length:
         k = round((pool.acceptance_length - 1.0) / pool.acceptance_rate)
     else:

@@ -15,10 +15,15 @@ and p99 in microseconds.
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from rich.console import Console
@@ -183,7 +188,58 @@ def _unremembered(features: RequestFeatures, snapshot: Snapshot, rules: RoutingR
     return decide(features, snapshot, rules)
 
 
-def main(rounds: int) -> int:
+def medians(rounds: int) -> dict[str, object]:
+    """Each row's median (us) and which modules ran compiled: one side of ``--compiled``, as JSON."""
+    from gateway.compiled import compiled_modules
+
+    rows = {name: statistics.median(samples) for name, samples in measure(rounds).items()}
+    return {"compiled": compiled_modules(), "rows": rows}
+
+
+def compare_compiled(rounds: int, passes: int = 2, wheel: Path | None = None) -> int:
+    """``--compiled``: this tree's compiled build (a wheel built as ``pip install .`` builds it) against its
+    source, each in a process of its own, alternating (source, compiled, compiled, source, ...) so that a drift
+    in the machine's speed hits both; the median of each side's passes, and compiled / source."""
+    from gateway.bench.compiled_build import REPO_ROOT, compiled_tree
+
+    console = Console(width=120)
+    if wheel is None:
+        console.print("building this tree's compiled wheel (mypyc; a minute or a few)")
+    sides: dict[str, list[dict[str, float]]] = {"source": [], "compiled": []}
+    with compiled_tree(wheel) as site:
+        roots = {"source": REPO_ROOT, "compiled": site}
+        pairs = [("source", "compiled") if i % 2 == 0 else ("compiled", "source") for i in range(passes)]
+        order = [side for pair in pairs for side in pair]
+        for side in order:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGATE_")}
+            env["PYTHONPATH"] = str(roots[side])
+            code = f"import json; from gateway.bench.decide import medians; print(json.dumps(medians({rounds})))"
+            done = subprocess.run([sys.executable, "-P", "-c", code], cwd=roots[side], env=env, capture_output=True,
+                                  text=True, check=False)  # fmt: skip
+            if done.returncode != 0:
+                console.print(f"[red]the {side} side failed:[/]\n{done.stderr[-2000:]}")
+                return 1
+            found = json.loads(done.stdout.strip().splitlines()[-1])
+            if bool(found["compiled"]) != (side == "compiled"):
+                console.print(f"[red]the {side} side ran compiled modules {found['compiled']}[/]")
+                return 1
+            sides[side].append(found["rows"])
+            console.print(f"  {side}: done")
+    table = Table(title=f"specgate bench decide --compiled: median us per call, {rounds} calls a row, {passes} passes "
+                  "a side (this machine)")  # fmt: skip
+    for column in ("what", "source us", "compiled us", "compiled / source"):
+        table.add_column(column, justify="left" if column == "what" else "right")
+    for name in sides["source"][0]:
+        source = statistics.median(p[name] for p in sides["source"])
+        compiled = statistics.median(p[name] for p in sides["compiled"])
+        table.add_row(name, f"{source:.2f}", f"{compiled:.2f}", f"{compiled / source:.2f}x")
+    console.print(table)
+    return 0
+
+
+def main(rounds: int, compiled: bool = False, wheel: Path | None = None) -> int:
+    if compiled:
+        return compare_compiled(rounds, wheel=wheel)
     results = measure(rounds)
     table = Table(title=f"specgate bench decide: microseconds per call, {rounds} calls each (this machine)")
     for column in ("what", "median us", "p99 us", "vs reference rules (median)"):

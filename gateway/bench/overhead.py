@@ -30,6 +30,7 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
+from gateway.bench.compiled_build import compiled_tree
 from gateway.bench.cpu import CpuMeter, Layout, proxy_split
 from gateway.bench.lean_client import LeanClient, Measurement
 from gateway.bench.loadgen import percentile, wait_http
@@ -100,6 +101,8 @@ TARGETS = (
 # "specgate@REV": the default gateway of another commit (git archive), in the same run as this tree's targets.
 # "vllm-router": vLLM Router (PyPI vllm-router, the Rust router of the vLLM project) over the same upstream listed
 # twice (its power-of-two policy needs two workers), as a peer: what a compiled router costs on the same path.
+# --compare-to compiled: this tree's compiled build (gateway/bench/compiled_build.py) against its source
+COMPILED = "compiled"
 EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys", "specgate/reference-rules", "vllm-router")
 BENCH_KEY = "sk-bench-overhead"
 BENCH_KEYS = f"keys: [{{name: bench, key: {BENCH_KEY}, rpm: 1000000000, tpm: 1000000000, concurrency: 100000}}]"
@@ -339,11 +342,12 @@ def main(
     rounds: int = 3,
     paired: bool = False,
     pace_s: float = 0.02,
+    wheel: Path | None = None,
 ) -> int:
     console = Console(width=160)
     plan = scenarios(scale, concurrency, pace_s)
     if compare_to is not None or paired:
-        return compare(targets, plan, rules, compare_to, rounds, json_out, console, paired, scale)
+        return compare(targets, plan, rules, compare_to, rounds, json_out, console, paired, scale, wheel)
     console.print(f"[bold]specgate bench overhead[/]: {len(targets)} targets x {len(plan)} scenarios")
     results = run(targets, plan, console, rules)
     render(results, console)
@@ -362,11 +366,12 @@ def compare(
     console: Console,
     paired: bool = False,
     scale: float = 1.0,
+    wheel: Path | None = None,
 ) -> int:
-    """This tree's gateway target against ``rev``'s, or (``rev`` None, paired) two proxy targets of this tree
-    against each other (gateway targets, or one and vllm-router: ratios to the peer on the same CPU under the
-    same load, which move by a few percent where sequential runs on this shared machine move by tens): the
-    first is the base."""
+    """This tree's gateway target against ``rev``'s (``compiled``: against its compiled build, from ``wheel``
+    when given), or (``rev`` None, paired) two proxy targets of this tree against each other (gateway targets,
+    or one and vllm-router: ratios to the peer on the same CPU under the same load, which move by a few percent
+    where sequential runs on this shared machine move by tens): the first is the base."""
     from gateway.bench import overhead_compare
 
     gateways = [t for t in targets if t.startswith("specgate") or (rev is None and t == "vllm-router")]
@@ -379,9 +384,17 @@ def compare(
     base_name = rev if rev is not None else gateways[0]
     head_name = "this tree" if rev is not None else gateways[1]
     what = f"{gateways[0]} of this tree vs {rev}" if rev is not None else f"{gateways[1]} vs {gateways[0]}"
+    if rev == COMPILED:  # this tree's compiled build (head) against its source, interpreted (base)
+        base_name, head_name = "this tree, interpreted", "this tree, compiled"
+        what = f"{gateways[0]} of this tree, compiled (a wheel built as pip install . builds it) vs interpreted"
     console.print(f"[bold]specgate bench overhead[/]: {what}, {rounds} rounds x {len(plan)} scenarios each, {how}")
     with contextlib.ExitStack() as stack:
-        if rev is not None:
+        if rev == COMPILED:
+            if wheel is None:
+                console.print("building this tree's compiled wheel (mypyc; a minute or a few)")
+            tree = stack.enter_context(compiled_tree(wheel))
+            sides = {"base": overhead_compare.Side("base", REPO_ROOT), "head": overhead_compare.Side("head", tree)}
+        elif rev is not None:
             tree = stack.enter_context(overhead_compare.exported(rev))
             sides = {"base": overhead_compare.Side("base", tree), "head": overhead_compare.Side("head", REPO_ROOT)}
         else:

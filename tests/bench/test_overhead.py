@@ -160,3 +160,15 @@ def test_paired_runs_vllm_router_beside_the_gateway(tmp_path: Path) -> None:
     assert set(saved) == {"base", "head"}
     assert all(r["errors"] == 0 and r["requests"] > 10 and r["cpu_ms_per_request"] > 0
                for side in saved.values() for r in side)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_paired_runs_the_compiled_build_beside_the_source(image_wheel: Path, tmp_path: Path) -> None:
+    """``--compare-to compiled``: the head side is the wheel's compiled package, the base this tree's source."""
+    code = main(["specgate"], [1], 0.01, tmp_path / "out.json", compare_to="compiled", rounds=1, paired=True,
+                wheel=image_wheel)  # fmt: skip
+    assert code == 0
+    saved = json.loads((tmp_path / "out.json").read_text())
+    assert set(saved) == {"base", "head"}
+    assert all(r["errors"] == 0 and r["requests"] > 10 and r["cpu_ms_per_request"] > 0
+               for side in saved.values() for r in side)  # fmt: skip

@@ -1,14 +1,11 @@
 """deploy/Dockerfile: pinned base, non-root, health check, and a build context that holds what it needs.
 
 No Docker engine here, so the image itself is not built; the wheel the Dockerfile's first stage builds is,
-from exactly the files .dockerignore lets into the context."""
+from exactly the files .dockerignore lets into the context (tests/wheel.py, the session's ``image_wheel``)."""
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -16,6 +13,7 @@ import pytest
 import yaml
 
 from tests.deploy.conftest import COMPOSE_FILE, REPO_ROOT
+from tests.wheel import context_paths
 
 DOCKERFILE = REPO_ROOT / "deploy" / "Dockerfile"
 
@@ -54,14 +52,6 @@ def test_compose_gateway_command_matches_the_image_default() -> None:
     assert gateway["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}
 
 
-def context_paths() -> list[str]:
-    """The paths .dockerignore lets in: it ignores everything (`*`) and re-includes `!path` lines."""
-    lines = [line.strip() for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()]
-    patterns = [line for line in lines if line and not line.startswith("#")]
-    assert patterns[0] == "*"
-    return [line[1:].rstrip("/") for line in patterns if line.startswith("!")]
-
-
 def test_every_copied_path_is_in_the_build_context() -> None:
     allowed = set(context_paths())
     for op, value in instructions():
@@ -71,37 +61,18 @@ def test_every_copied_path_is_in_the_build_context() -> None:
 
 
 @pytest.mark.slow
-def test_the_build_context_builds_a_wheel_with_the_cli_and_its_data(tmp_path: Path) -> None:
-    context = tmp_path / "context"
-    context.mkdir()
-    for name in context_paths():
-        source = REPO_ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        elif source.is_file():
-            shutil.copy(source, context / name)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "-w",
-            str(tmp_path / "wheels"),
-            str(context),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    (wheel,) = (tmp_path / "wheels").glob("specgate-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
+def test_the_build_context_builds_a_wheel_with_the_cli_and_its_data(image_wheel: Path) -> None:
+    names = set(zipfile.ZipFile(image_wheel).namelist())
     for needed in ("gateway/cli.py", "gateway/rules.yaml", "backends/render.py", "backends/pools/standard.yaml"):
         assert needed in names, f"{needed} missing from the image's wheel"
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-    assert "specgate = gateway.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "specgate = gateway.cli:main" in zipfile.ZipFile(image_wheel).read(entry_points).decode()
+
+
+def test_the_build_stage_compiles_the_request_path_or_fails() -> None:
+    """The image is built compiled: the stage has a C compiler and asks for a compiled build (setup.py)."""
+    ops = instructions()
+    build = ops[: [i for i, (op, _) in enumerate(ops) if op == "FROM"][1]]
+    assert any(op == "ENV" and "SPECGATE_COMPILE=1" in value for op, value in build)
+    assert any(op == "RUN" and "gcc" in value for op, value in build)
+    assert any(op == "COPY" and "setup.py" in value.split() for op, value in build)

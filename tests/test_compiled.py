@@ -1,0 +1,95 @@
+"""The compiled build (setup.py, gateway/compiled.py).
+
+The wheel a user's ``pip install .`` or the image builds compiles every listed module with mypyc; the compiled
+gateway extracts the same features and makes the same decisions as the source, request by request; and the
+tests of the compiled modules (and of the request path over them) pass against the compiled package. The rest
+of the suite runs the editable install, which is the source, interpreted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.bench.compiled_build import unpack
+from gateway.compiled import MODULES, build_summary, compiled_modules, module_name
+from tests.wheel import REPO_ROOT
+
+# The suites run against the compiled package: each compiled module's own tests, the request path's over them,
+# malformed input, and the simulator's golden figures (the same routing to the last digit).
+COMPILED_SUITES = (
+    "tests/test_features.py", "tests/test_decide.py", "tests/test_pools.py", "tests/test_prefix_index.py",
+    "tests/test_qps.py", "tests/test_snapshot.py", "tests/test_stream_usage.py", "tests/test_proxy.py",
+    "tests/test_token_charge.py", "tests/adaptive/test_cells.py", "tests/adaptive/test_content.py",
+    "tests/adaptive/test_learner.py", "tests/adaptive/test_policy.py", "tests/adaptive/test_predictor.py",
+    "tests/adaptive/test_templates.py", "tests/fuzz", "tests/emulator/test_session_sim.py",
+)  # fmt: skip
+
+
+def test_every_listed_module_is_a_module_of_the_package_and_the_source_install_runs_them_interpreted() -> None:
+    for path in MODULES:
+        assert (REPO_ROOT / path).is_file(), path
+        assert module_name(path).startswith("gateway.")
+    assert len(set(MODULES)) == len(MODULES)
+    assert compiled_modules() == []  # the tests' editable install: the source tree runs
+    assert build_summary().startswith("interpreted")
+
+
+@pytest.fixture(scope="module")
+def compiled_site(image_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return unpack(image_wheel, tmp_path_factory.mktemp("compiled-site"))
+
+
+def _python(
+    site: Path, *args: str, cwd: Path, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Python with ``site`` first on its path (-P: not the working directory), so ``gateway`` is the wheel's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGATE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO_ROOT)])
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-P", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_wheel_compiles_every_listed_module(image_wheel: Path, compiled_site: Path) -> None:
+    built = {name.split("/")[-1].split(".")[0] for name in os.listdir(compiled_site) if name.endswith(".so")}
+    assert any(name.endswith("__mypyc") for name in built), "no mypyc runtime library in the wheel"
+    for path in MODULES:
+        extension = list((compiled_site / path).parent.glob(Path(path).stem + ".*.so"))
+        assert extension, f"{path} is not compiled in the wheel"
+    summary = _python(compiled_site, "-c", "from gateway.compiled import build_summary; print(build_summary())",
+                      cwd=compiled_site)  # fmt: skip
+    assert summary.stdout.strip() == f"compiled with mypyc ({len(MODULES)} modules)", summary.stderr
+
+
+@pytest.mark.slow
+def test_the_compiled_gateway_reads_and_routes_every_request_as_the_source_does(compiled_site: Path) -> None:
+    source = _python(REPO_ROOT, "-m", "tests.compiled_probe", cwd=REPO_ROOT)
+    compiled = _python(compiled_site, "-m", "tests.compiled_probe", cwd=compiled_site)
+    assert source.returncode == 0, source.stderr
+    assert compiled.returncode == 0, compiled.stderr
+    a, b = json.loads(source.stdout), json.loads(compiled.stdout)
+    assert a["compiled"] == [] and b["compiled"] == [module_name(p) for p in MODULES]
+    assert a["requests"] > 500 and a["decided"] > 10_000
+    assert {k: v for k, v in a.items() if k != "compiled"} == {k: v for k, v in b.items() if k != "compiled"}
+
+
+@pytest.mark.slow
+def test_the_compiled_modules_pass_their_tests(compiled_site: Path) -> None:
+    suites = [str(REPO_ROOT / suite) for suite in COMPILED_SUITES]
+    for suite in suites:
+        assert Path(suite).exists(), suite
+    result = _python(
+        compiled_site, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=append",
+        "--rootdir", str(REPO_ROOT), "-c", str(REPO_ROOT / "pyproject.toml"), "-o", "pythonpath=",
+        "-m", "not vllm", *suites, cwd=compiled_site,
+        env_extra={"SPECGATE_TEST_COMPILED": "1"},  # tests/conftest.py: refuse to start unless all are compiled
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout

@@ -12,11 +12,12 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from gateway.bench.compiled_build import unpack
+from gateway.bench.compiled_build import SOURCES, BuildError, copy_sources, pip_wheel, unpack
 from gateway.compiled import MODULES, build_summary, compiled_modules, module_name
 from tests.wheel import REPO_ROOT
 
@@ -93,3 +94,17 @@ def test_the_compiled_modules_pass_their_tests(compiled_site: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+@pytest.mark.slow
+def test_where_compiling_fails_the_install_falls_back_to_plain_python_whole(tmp_path: Path) -> None:
+    """``SPECGATE_COMPILE=auto`` (the default) with a C compiler that fails: a wheel of plain Python, no extension
+    left half-built, and the reason in pip's verbose output. With ``=1`` the same build fails."""
+    source = copy_sources(SOURCES, tmp_path / "src")
+    wheel, log = pip_wheel(source, tmp_path / "auto", {"SPECGATE_COMPILE": "auto", "CC": "false"})
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "gateway/features.py" in names
+    assert not [n for n in names if n.endswith(".so")], "an extension was left in the fallback wheel"
+    assert "installing plain Python" in log
+    with pytest.raises(BuildError):
+        pip_wheel(source, tmp_path / "strict", {"SPECGATE_COMPILE": "1", "CC": "false"})

@@ -30,21 +30,27 @@ class BuildError(RuntimeError):
 def build_wheel(source: Path, out: Path, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
     """The compiled wheel of the project at ``source``, written into ``out``; :class:`BuildError` with pip's
     last words when the build fails (no compiler, a type error mypyc refuses)."""
-    env = {**os.environ, "SPECGATE_COMPILE": "1"}
+    return pip_wheel(source, out, {"SPECGATE_COMPILE": "1"}, timeout_s)[0]
+
+
+def pip_wheel(source: Path, out: Path, env: dict[str, str], timeout_s: float = BUILD_TIMEOUT_S) -> tuple[Path, str]:
+    """``pip wheel -v`` of the project at ``source`` into ``out`` with ``env`` over this process's variables: the
+    wheel, and what pip printed (with the build's own output: setup.py's warnings, which pip shows only when
+    verbose)."""
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--disable-pip-version-check", "-w", str(out),
+            [sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--disable-pip-version-check", "-w", str(out),
              str(source)],
-            capture_output=True, text=True, timeout=timeout_s, check=False, env=env,
+            capture_output=True, text=True, timeout=timeout_s, check=False, env={**os.environ, **env},
         )  # fmt: skip
     except subprocess.TimeoutExpired as exc:
-        raise BuildError(f"building the compiled wheel took over {timeout_s:g} s") from exc
+        raise BuildError(f"building the wheel took over {timeout_s:g} s") from exc
     if result.returncode != 0:
-        raise BuildError(f"building the compiled wheel failed:\n{result.stderr[-4000:]}")
+        raise BuildError(f"building the wheel failed:\n{(result.stdout + result.stderr)[-4000:]}")
     wheels = sorted(out.glob("specgate-*.whl"))
     if len(wheels) != 1:
         raise BuildError(f"expected one specgate wheel in {out}, found {[w.name for w in wheels]}")
-    return wheels[0]
+    return wheels[0], result.stdout + result.stderr
 
 
 def unpack(wheel: Path, target: Path) -> Path:

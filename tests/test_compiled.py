@@ -28,7 +28,8 @@ COMPILED_SUITES = (
     "tests/test_qps.py", "tests/test_snapshot.py", "tests/test_stream_usage.py", "tests/test_proxy.py",
     "tests/test_token_charge.py", "tests/adaptive/test_cells.py", "tests/adaptive/test_content.py",
     "tests/adaptive/test_learner.py", "tests/adaptive/test_policy.py", "tests/adaptive/test_predictor.py",
-    "tests/adaptive/test_templates.py", "tests/fuzz", "tests/emulator/test_session_sim.py",
+    "tests/adaptive/test_templates.py", "tests/fuzz",
+    "tests/emulator/test_session_sim.py::test_single_turn_figures_are_unchanged_to_the_last_digit",
 )  # fmt: skip
 
 
@@ -85,7 +86,7 @@ def test_the_compiled_gateway_reads_and_routes_every_request_as_the_source_does(
 def test_the_compiled_modules_pass_their_tests(compiled_site: Path) -> None:
     suites = [str(REPO_ROOT / suite) for suite in COMPILED_SUITES]
     for suite in suites:
-        assert Path(suite).exists(), suite
+        assert Path(suite.split("::")[0]).exists(), suite
     result = _python(
         compiled_site, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=append",
         "--rootdir", str(REPO_ROOT), "-c", str(REPO_ROOT / "pyproject.toml"), "-o", "pythonpath=",

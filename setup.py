@@ -47,10 +47,20 @@ class OptionalBuildExt(build_ext):
             self.extensions = []
 
 
+def _drop_stale_extensions() -> None:
+    """A plain build must not package extensions an earlier compiled build left in ``build/`` (pip builds a
+    local directory in place, and setuptools packages whatever ``build/lib*`` holds)."""
+    for stale in ROOT.glob("build/lib*/**/*.so"):
+        stale.unlink(missing_ok=True)
+
+
 def extensions() -> list[object]:
     # only for a command that builds a wheel or the extensions: not for the metadata steps (egg_info, dist_info)
     # that run this file first, and not for an editable install (editable_wheel)
-    if CHOICE == "0" or not {"bdist_wheel", "build_ext", "build", "install"} & set(sys.argv[1:]):
+    if not {"bdist_wheel", "build_ext", "build", "install"} & set(sys.argv[1:]):
+        return []
+    if CHOICE == "0":
+        _drop_stale_extensions()
         return []
     modules = runpy.run_path(str(ROOT / "gateway" / "compiled.py"))["MODULES"]
     try:
@@ -67,6 +77,7 @@ def extensions() -> list[object]:
         if CHOICE == "1":
             raise
         _warn(f"not compiling ({exc}); installing plain Python")
+        _drop_stale_extensions()
         return []
 
 

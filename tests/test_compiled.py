@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.bench.compiled_build import SOURCES, BuildError, copy_sources, pip_wheel, unpack
+from gateway.bench.compiled_build import SOURCES, BuildError, copy_sources, pip_wheel, python_env, unpack
 from gateway.compiled import MODULES, build_summary, compiled_modules, module_name
 from tests.wheel import REPO_ROOT
 
@@ -51,9 +51,7 @@ def _python(
     site: Path, *args: str, cwd: Path, env_extra: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Python with ``site`` first on its path (-P: not the working directory), so ``gateway`` is the wheel's."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGATE_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO_ROOT)])
-    env.update(env_extra or {})
+    env = {**python_env(site, REPO_ROOT), **(env_extra or {})}
     return subprocess.run([sys.executable, "-P", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=900, check=False)  # fmt: skip
 

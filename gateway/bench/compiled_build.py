@@ -53,6 +53,15 @@ def pip_wheel(source: Path, out: Path, env: dict[str, str], timeout_s: float = B
     return wheels[0], result.stdout + result.stderr
 
 
+def python_env(*roots: Path) -> dict[str, str]:
+    """This process's variables for a Python that imports ``gateway`` from ``roots`` (first found first): none
+    of the ``SPECGATE_*`` settings, ``PYTHONPATH`` the roots. Run it with ``-P`` so that its working directory
+    does not come first."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGATE_")}
+    env["PYTHONPATH"] = os.pathsep.join(str(root) for root in roots)
+    return env
+
+
 def unpack(wheel: Path, target: Path) -> Path:
     """The wheel's files under ``target`` (what ``pip install --target`` lays out, without the scripts)."""
     with zipfile.ZipFile(wheel) as archive:

@@ -16,7 +16,6 @@ and p99 in microseconds.
 from __future__ import annotations
 
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -200,7 +199,8 @@ def compare_compiled(rounds: int, passes: int = 2, wheel: Path | None = None) ->
     """``--compiled``: this tree's compiled build (a wheel built as ``pip install .`` builds it) against its
     source, each in a process of its own, alternating (source, compiled, compiled, source, ...) so that a drift
     in the machine's speed hits both; the median of each side's passes, and compiled / source."""
-    from gateway.bench.compiled_build import REPO_ROOT, compiled_tree
+    from gateway.bench.compiled_build import REPO_ROOT, compiled_tree, python_env
+    from gateway.bench.overhead_compare import order
 
     console = Console(width=120)
     if wheel is None:
@@ -208,14 +208,11 @@ def compare_compiled(rounds: int, passes: int = 2, wheel: Path | None = None) ->
     sides: dict[str, list[dict[str, float]]] = {"source": [], "compiled": []}
     with compiled_tree(wheel) as site:
         roots = {"source": REPO_ROOT, "compiled": site}
-        pairs = [("source", "compiled") if i % 2 == 0 else ("compiled", "source") for i in range(passes)]
-        order = [side for pair in pairs for side in pair]
-        for side in order:
-            env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGATE_")}
-            env["PYTHONPATH"] = str(roots[side])
+        for label in order(passes):  # base head, head base, ...: the source is the base
+            side = "source" if label == "base" else "compiled"
             code = f"import json; from gateway.bench.decide import medians; print(json.dumps(medians({rounds})))"
-            done = subprocess.run([sys.executable, "-P", "-c", code], cwd=roots[side], env=env, capture_output=True,
-                                  text=True, check=False)  # fmt: skip
+            done = subprocess.run([sys.executable, "-P", "-c", code], cwd=roots[side], env=python_env(roots[side]),
+                                  capture_output=True, text=True, check=False)  # fmt: skip
             if done.returncode != 0:
                 console.print(f"[red]the {side} side failed:[/]\n{done.stderr[-2000:]}")
                 return 1

@@ -101,9 +101,9 @@ TARGETS = (
 # "specgate@REV": the default gateway of another commit (git archive), in the same run as this tree's targets.
 # "vllm-router": vLLM Router (PyPI vllm-router, the Rust router of the vLLM project) over the same upstream listed
 # twice (its power-of-two policy needs two workers), as a peer: what a compiled router costs on the same path.
+EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys", "specgate/reference-rules", "vllm-router")
 # --compare-to compiled: this tree's compiled build (gateway/bench/compiled_build.py) against its source
 COMPILED = "compiled"
-EXTRA_TARGETS = ("specgate+json-logs", "specgate+otel", "specgate/keys", "specgate/reference-rules", "vllm-router")
 BENCH_KEY = "sk-bench-overhead"
 BENCH_KEYS = f"keys: [{{name: bench, key: {BENCH_KEY}, rpm: 1000000000, tpm: 1000000000, concurrency: 100000}}]"
 

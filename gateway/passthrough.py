@@ -40,6 +40,7 @@ from gateway.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamTimeout,
+    chained,
 )
 from gateway.features import RequestFeatures, estimate_tokens
 from gateway.guard import Guard
@@ -288,7 +289,7 @@ class PassthroughRelay(_Relay):
                 raise
             self._count_error("timeout")
             replica.breaker.failure()
-            raise UpstreamTimeout(f"no response from {replica.url} in time") from None
+            raise chained(UpstreamTimeout(f"no response from {replica.url} in time"), None) from None
         except UpstreamError as exc:
             self._count_error("connect" if isinstance(exc, UpstreamConnectError) else "upstream")
             replica.breaker.failure()
@@ -298,4 +299,3 @@ class PassthroughRelay(_Relay):
         else:
             replica.breaker.success()
         return opened
-

@@ -26,6 +26,7 @@ from gateway.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamTimeout,
+    chained,
     error_body,
 )
 from gateway.features import RequestFeatures, extract_features
@@ -257,7 +258,7 @@ class _Relay:
             return response, await reader(), reader
         except response.read_errors as exc:
             await response.close()
-            raise UpstreamError(f"upstream broke off the response: {exc}") from exc
+            raise chained(UpstreamError(f"upstream broke off the response: {exc}"), exc) from exc
         except BaseException:
             await response.close()
             raise
@@ -304,9 +305,12 @@ class _Relay:
             self._count_error("disconnect")
             if self.booking is not None:
                 self.booking.replica.breaker.failure()
-            raise UpstreamError(f"upstream broke off the stream: {exc}") from exc
-        finally:
             await response.close()
+            raise chained(UpstreamError(f"upstream broke off the stream: {exc}"), exc) from exc
+        except BaseException:  # not a finally: compiled, an await in one can lose what it re-raises (compiled.py)
+            await response.close()
+            raise
+        await response.close()
         guard.settle()
         if self.resume is not None:
             tail = self.resume.end(tail)

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from gateway.config import Settings
-from gateway.errors import UpstreamConnectError, UpstreamTimeout
+from gateway.errors import UpstreamConnectError, UpstreamTimeout, chained
 from gateway.upstream import Pipe, RawHeaders, Sink, UpstreamResponse, relayable
 
 HIGH_WATER = 1024 * 1024  # buffered body bytes at which a streamed response stops reading the socket
@@ -106,13 +106,13 @@ class _HostPool:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         url = f"http://{self.host}:{self.port}"
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _Connection(self, loop), self.host, self.port)
+        connecting = loop.create_connection(lambda: _Connection(self, loop), self.host, self.port)
+        try:  # wait_for, not ``async with asyncio.timeout``: no await in a block that exits (compiled.py)
+            _, conn = await asyncio.wait_for(connecting, self.connect_timeout_s)
         except TimeoutError as exc:
-            raise UpstreamTimeout(f"timed out connecting to {url}") from exc
+            raise chained(UpstreamTimeout(f"timed out connecting to {url}"), exc) from exc
         except OSError as exc:
-            raise UpstreamConnectError(f"cannot reach upstream {url}: {exc}") from exc
+            raise chained(UpstreamConnectError(f"cannot reach upstream {url}: {exc}"), exc) from exc
         return conn
 
     def release(self, conn: _Connection, keep: bool) -> None:
@@ -384,7 +384,7 @@ class RawUpstream:
             except RawClientError as exc:
                 if attempt == 1 and conn.reused and not response.got_bytes:
                     continue  # the server closed the idle connection as we reused it
-                raise UpstreamConnectError(f"upstream {url} failed before answering: {exc}") from exc
+                raise chained(UpstreamConnectError(f"upstream {url} failed before answering: {exc}"), exc) from exc
             except BaseException:
                 response.abort()
                 raise

@@ -27,13 +27,13 @@ from tests.wheel import build_image_wheel
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """``SPECGATE_TEST_COMPILED=1`` (tests/test_compiled.py): the run is for the compiled package, so it must not
-    silently test the source instead."""
-    if os.environ.get("SPECGATE_TEST_COMPILED") == "1":
+    """``TEST_SPECGATE_COMPILED=1`` (tests/test_compiled.py): the run is for the compiled package, so it must not
+    silently test the source instead. (Not a ``SPECGATE_`` name: the gateway's settings refuse unknown ones.)"""
+    if os.environ.get("TEST_SPECGATE_COMPILED") == "1":
         from gateway.compiled import MODULES, compiled_modules
 
         if len(compiled_modules()) != len(MODULES):
-            raise pytest.UsageError(f"SPECGATE_TEST_COMPILED=1 but only {compiled_modules()} are compiled")
+            raise pytest.UsageError(f"TEST_SPECGATE_COMPILED=1 but only {compiled_modules()} are compiled")
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ of the suite runs the editable install, which is the source, interpreted.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -21,14 +22,17 @@ from gateway.bench.compiled_build import SOURCES, BuildError, copy_sources, pip_
 from gateway.compiled import MODULES, build_summary, compiled_modules, module_name
 from tests.wheel import REPO_ROOT
 
-# The suites run against the compiled package: each compiled module's own tests, the request path's over them,
-# malformed input, and the simulator's golden figures (the same routing to the last digit).
+# The suites run against the compiled package: each compiled module's own tests, the request path's over them
+# (the relay's failures, retries, resumed streams and breakers included), malformed input, and the simulator's
+# golden figures (the same routing to the last digit).
 COMPILED_SUITES = (
     "tests/test_features.py", "tests/test_decide.py", "tests/test_pools.py", "tests/test_prefix_index.py",
     "tests/test_qps.py", "tests/test_snapshot.py", "tests/test_stream_usage.py", "tests/test_proxy.py",
     "tests/test_token_charge.py", "tests/adaptive/test_cells.py", "tests/adaptive/test_content.py",
     "tests/adaptive/test_learner.py", "tests/adaptive/test_policy.py", "tests/adaptive/test_predictor.py",
-    "tests/adaptive/test_templates.py", "tests/fuzz",
+    "tests/adaptive/test_templates.py", "tests/fuzz", "tests/test_rawclient.py", "tests/test_upstream.py",
+    "tests/test_guard.py", "tests/test_limits.py", "tests/test_passthrough.py", "tests/test_responses.py",
+    "tests/test_resume.py", "tests/test_breaker.py",
     "tests/emulator/test_session_sim.py::test_single_turn_figures_are_unchanged_to_the_last_digit",
 )  # fmt: skip
 
@@ -40,6 +44,88 @@ def test_every_listed_module_is_a_module_of_the_package_and_the_source_install_r
     assert len(set(MODULES)) == len(MODULES)
     assert compiled_modules() == []  # the tests' editable install: the source tree runs
     assert build_summary().startswith("interpreted")
+
+
+def coroutine_hazards(source: str) -> list[str]:
+    """What mypyc 2.4.1 compiles wrongly in a coroutine (gateway/compiled.py), as ``line: what``: an ``await``,
+    ``async with`` or ``async for`` inside a ``finally``; any ``async with``; a ``raise ... from cause`` that does
+    not raise ``chained(error, cause)`` with the same cause (its ``__cause__`` would be lost)."""
+    found: list[str] = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, ast.AsyncFunctionDef):
+            continue
+        for node in _own_nodes(function):
+            if isinstance(node, ast.Try | ast.TryStar):
+                for part in node.finalbody:
+                    if isinstance(part, ast.FunctionDef | ast.AsyncFunctionDef):
+                        continue  # defined there, run elsewhere
+                    if any(isinstance(n, ast.Await | ast.AsyncWith | ast.AsyncFor) for n in _own_nodes(part)):
+                        found.append(f"{part.lineno}: an await in finally ({function.name})")
+            elif isinstance(node, ast.AsyncWith):
+                found.append(f"{node.lineno}: async with ({function.name})")
+            elif isinstance(node, ast.Raise) and node.cause is not None:
+                raised = node.exc
+                if not (
+                    isinstance(raised, ast.Call) and isinstance(raised.func, ast.Name) and raised.func.id == "chained"
+                    and len(raised.args) == 2 and ast.dump(raised.args[1]) == ast.dump(node.cause)
+                ):  # fmt: skip
+                    found.append(f"{node.lineno}: raise from without chained() ({function.name})")
+    return found
+
+
+def _own_nodes(node: ast.AST) -> list[ast.AST]:
+    """``node`` and what it holds, but not what functions defined inside it hold (their own code)."""
+    out, todo = [], [node]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo += [child for child in ast.iter_child_nodes(current)
+                 if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)]  # fmt: skip
+    return out
+
+
+def test_the_compiled_coroutines_keep_clear_of_what_mypyc_compiles_wrongly() -> None:
+    for path in MODULES:
+        assert coroutine_hazards((REPO_ROOT / path).read_text()) == [], path
+
+
+def test_the_coroutine_check_finds_each_hazard() -> None:
+    source = """
+async def a(r):
+    try:
+        await r.read()
+    finally:
+        await r.close()
+async def b(r):
+    async with r:
+        pass
+async def c(r):
+    try:
+        await r.read()
+    except OSError as exc:
+        raise ValueError("x") from exc
+async def d(r):
+    try:
+        await r.read()
+    except OSError as exc:
+        raise chained(ValueError("x"), None) from exc
+async def fine(r):
+    try:
+        await r.read()
+    except OSError as exc:
+        await r.close()
+        raise chained(ValueError("x"), exc) from exc
+    finally:
+        r.done()
+        async def inner():
+            await r.later()
+    def sync_inner():
+        raise ValueError("x") from None
+"""
+    assert [hazard.split(": ", 1)[1] for hazard in coroutine_hazards(source)] == [
+        "an await in finally (a)", "async with (b)", "raise from without chained() (c)",
+        "raise from without chained() (d)",
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +175,7 @@ def test_the_compiled_modules_pass_their_tests(compiled_site: Path) -> None:
         compiled_site, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--import-mode=append",
         "--rootdir", str(REPO_ROOT), "-c", str(REPO_ROOT / "pyproject.toml"), "-o", "pythonpath=",
         "-m", "not vllm", *suites, cwd=compiled_site,
-        env_extra={"SPECGATE_TEST_COMPILED": "1"},  # tests/conftest.py: refuse to start unless all are compiled
+        env_extra={"TEST_SPECGATE_COMPILED": "1"},  # tests/conftest.py: refuse to start unless all are compiled
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " failed" not in result.stdout

@@ -31,6 +31,15 @@ class Decision:
     load: float = 0.0  # the chosen pool's load as the decision saw it (what the outcome is learned against)
     other_load: float = 0.0  # the other pool's, likewise (what a cross term is learned against)
 
+    def __init__(
+        self, pool: str, reason: str, rule: str | None, fallback: bool = False,
+        predictions: tuple[Prediction, ...] = (), explored: bool = False, learning: bool = False, load: float = 0.0,
+        other_load: float = 0.0,
+    ) -> None:  # fmt: skip
+        # written out: see RequestFeatures.__init__
+        self.pool, self.reason, self.rule, self.fallback, self.predictions = pool, reason, rule, fallback, predictions
+        self.explored, self.learning, self.load, self.other_load = explored, learning, load, other_load
+
     @property
     def predicted(self) -> Prediction | None:
         return prediction_for(self.predictions, self.pool)

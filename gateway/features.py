@@ -55,6 +55,23 @@ class RequestFeatures:
     # expected_cached): set by the gateway before the decision, only for a request with blocks; None: not known
     cached_tokens: Mapping[str, int] | None = None
 
+    def __init__(
+        self, model: str, max_tokens: int, prompt_tokens: int, task: str, stream: bool, n: int,
+        temperature: float | None, headers: Mapping[str, str], draw: float = 0.5, copy: bool = False,
+        template: str | None = None, objective: str | None = None, slo_ttft_ms: float | None = None,
+        slo_e2e_ms: float | None = None, prompts: int = 1, known: tuple[float, int] | None = None,
+        content: Content | None = None, blocks: tuple[int, ...] = (), session: str | None = None,
+        prefix_bytes: int = 0, cached_tokens: Mapping[str, int] | None = None,
+    ) -> None:  # fmt: skip
+        # written out, the fields in order (tests/test_compiled.py checks): compiled, the generated one runs
+        # interpreted, 8x slower than this (gateway/compiled.py)
+        self.model, self.max_tokens, self.prompt_tokens, self.task = model, max_tokens, prompt_tokens, task
+        self.stream, self.n, self.temperature, self.headers, self.draw = stream, n, temperature, headers, draw
+        self.copy, self.template, self.objective = copy, template, objective
+        self.slo_ttft_ms, self.slo_e2e_ms, self.prompts, self.known = slo_ttft_ms, slo_e2e_ms, prompts, known
+        self.content, self.blocks, self.session, self.prefix_bytes = content, blocks, session, prefix_bytes
+        self.cached_tokens = cached_tokens
+
     def cached_on(self, pool: str) -> int:
         """The prompt tokens the pool's chosen replica is expected to hold (0 unless ``cached_tokens`` says)."""
         cached = self.cached_tokens

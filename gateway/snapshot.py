@@ -61,6 +61,17 @@ class Snapshot:
     gateways: int = 1  # gateway replicas sharing the pools (from the shared store), for load estimates
     inflight_now: Mapping[str, int] | None = None  # this gateway's in-flight counts at decision time, when fresher
 
+    def __init__(
+        self, pools: Mapping[str, PoolSnapshot], qps: float = 0.0, qps_source: str = "local",
+        qps_age_s: float | None = None, signals: Mapping[str, float] = _EMPTY,
+        signal_ages_s: Mapping[str, float] = _EMPTY, model: LatencyModel | None = None, gateways: int = 1,
+        inflight_now: Mapping[str, int] | None = None,
+    ) -> None:  # fmt: skip
+        # written out: see features.RequestFeatures.__init__
+        self.pools, self.qps, self.qps_source, self.qps_age_s = pools, qps, qps_source, qps_age_s
+        self.signals, self.signal_ages_s, self.model = signals, signal_ages_s, model
+        self.gateways, self.inflight_now = gateways, inflight_now
+
     def pool(self, name: str) -> PoolSnapshot:
         found = self.pools.get(name)
         return found if found is not None else PoolSnapshot(name=name)

@@ -100,6 +100,14 @@ class Content:
     # of floats, ~3x faster than summing a map over the table)
     pick: Picker
 
+    def __init__(
+        self, slots: tuple[int, ...], segment: tuple[int, ...], units: int, max_tokens: int, sequences: int,
+        pick: Picker,
+    ) -> None:  # fmt: skip
+        # written out: see gateway.features.RequestFeatures.__init__
+        self.slots, self.segment, self.units, self.max_tokens = slots, segment, units, max_tokens
+        self.sequences, self.pick = sequences, pick
+
 
 class ContentReader:
     """Reads :class:`Content` from a request's texts. Holds a bounded cache of system prompts' n-gram slots

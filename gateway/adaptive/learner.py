@@ -87,6 +87,18 @@ class Observation:
     # of the prompt, what the decision expected the pool's replica to hold (the prefix index; None: not read)
     cached_tokens: int | None = None
 
+    def __init__(
+        self, pool: str, segment: str, prompt_tokens: int, load: float, ttft_s: float | None, total_s: float,
+        output_tokens: int, acceptance_length: float | None = None, at_s: float = 0.0, run_load: float | None = None,
+        template: str | None = None, content: Content | None = None, other_busy: float | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:  # fmt: skip
+        # written out: see gateway.features.RequestFeatures.__init__
+        self.pool, self.segment, self.prompt_tokens, self.load = pool, segment, prompt_tokens, load
+        self.ttft_s, self.total_s, self.output_tokens = ttft_s, total_s, output_tokens
+        self.acceptance_length, self.at_s, self.run_load, self.template = acceptance_length, at_s, run_load, template
+        self.content, self.other_busy, self.cached_tokens = content, other_busy, cached_tokens
+
 
 class Learner:
     """Mutable learning state of one gateway (or one simulation). Not thread-safe: one owner feeds it."""

@@ -201,6 +201,15 @@ class Prediction:
     # seconds: with the prefill rate, the exchange between a replica's load and its cache (gateway.pools)
     per_request_s: float = 0.0
 
+    def __init__(
+        self, pool: str, ttft_s: float, e2e_s: float, tpot_s: float, output_tokens: float, load: float,
+        objective_s: float, sigma: float, samples: float, cost_s: float, per_request_s: float = 0.0,
+    ) -> None:  # fmt: skip
+        # written out: see gateway.features.RequestFeatures.__init__
+        self.pool, self.ttft_s, self.e2e_s, self.tpot_s, self.output_tokens = pool, ttft_s, e2e_s, tpot_s, output_tokens
+        self.load, self.objective_s, self.sigma, self.samples = load, objective_s, sigma, samples
+        self.cost_s, self.per_request_s = cost_s, per_request_s
+
     @property
     def low_s(self) -> float:  # the ~90 % interval of the objective's value
         return self.objective_s * math.exp(-Z * self.sigma)

@@ -37,6 +37,10 @@ class Choice:
     predictions: tuple[Prediction, ...]
     explored: bool = False
 
+    def __init__(self, pool: str, reason: str, predictions: tuple[Prediction, ...], explored: bool = False) -> None:
+        # written out: see gateway.features.RequestFeatures.__init__
+        self.pool, self.reason, self.predictions, self.explored = pool, reason, predictions, explored
+
     @property
     def predicted(self) -> Prediction | None:
         return prediction_for(self.predictions, self.pool)

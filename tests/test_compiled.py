@@ -59,9 +59,11 @@ def test_a_written_out_dataclass_init_takes_and_sets_every_field_as_the_generate
     for path in MODULES:
         module = importlib.import_module(module_name(path))
         for cls in vars(module).values():
-            if isinstance(cls, type) and cls.__module__ == module.__name__ and dataclasses.is_dataclass(cls):
-                if cls.__init__.__code__.co_filename != "<string>":  # dataclasses' is made from a string
-                    found[cls.__name__] = cls
+            if (
+                isinstance(cls, type) and cls.__module__ == module.__name__ and dataclasses.is_dataclass(cls)
+                and cls.__init__.__code__.co_filename != "<string>"  # dataclasses' is made from a string
+            ):  # fmt: skip
+                found[cls.__name__] = cls
     assert set(found) == HAND_WRITTEN_INITS
     for name, cls in found.items():
         fields = dataclasses.fields(cls)

@@ -1,11 +1,12 @@
 """``specgate bench step-cost``: what drafting ``k`` tokens costs an engine's step, measured.
 
 For each engine and each concurrency ``B``: ``B`` streams at once (closed), each ``tokens`` tokens long with
-``ignore_eos`` and temperature 0, ``rounds`` times. An engine's step time at ``B`` is the median interval
-between a stream's content chunks: vLLM sends a request one chunk a step, a speculative step's accepted tokens
-together. The engine's ``k`` is read from its own counters (draft tokens per draft over the run; 0 with none),
-so the engines can be any vLLM servers: one plain, the others speculative with ``k`` pinned (a one-range
-``num_speculative_tokens_per_batch_size``). ``--cpu-k`` launches such CPU engines one at a time.
+``ignore_eos`` and temperature 0, ``rounds`` times. An engine's step time at ``B`` is the median over the streams of
+each one's mean interval between content chunks (its span over its chunks less one): vLLM sends a request one chunk
+a step, a speculative step's accepted tokens together. The engine's ``k`` is read from its own counters (draft
+tokens per draft over the run; 0 with none), so the engines can be any vLLM servers: one plain, the others
+speculative with ``k`` pinned (a one-range ``num_speculative_tokens_per_batch_size``). ``--cpu-k`` launches such CPU
+engines one at a time.
 
 The fit is the emulator's step model in the rig's own terms (``backends/emulator/timing.py``):
 
@@ -29,7 +30,6 @@ A profile prices the verification of ``B (k + 1)`` tokens as that many decode to
 from __future__ import annotations
 
 import asyncio
-import itertools
 import math
 import statistics
 import time
@@ -65,7 +65,7 @@ class StepPoint:
     engine: str
     k: int
     batch: int
-    step_s: float  # median interval between a stream's content chunks
+    step_s: float  # median over the level's streams of each one's mean interval between content chunks
     acceptance: float | None  # vLLM's accepted / drafted tokens over the level (None: no speculation)
     ran: int = 0  # where the engine ran fewer than ``batch`` at once (its max_num_seqs held the rest waiting):
     # how many it ran; 0: all of them. Such a level's steps mix batch sizes (a full batch, then the rest's), so
@@ -96,8 +96,13 @@ class StepCostResult:
 
 async def _stream(
     client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int, stepping: asyncio.Event | None = None
-) -> list[float]:
-    """One stream's intervals between content chunks, in seconds; sets ``stepping`` at its third chunk."""
+) -> float | None:
+    """One stream's mean interval between content chunks, in seconds (None: fewer than two chunks); sets
+    ``stepping`` at its third chunk.
+
+    The mean over the stream's span, not its intervals one by one: a client that reads late (a loaded machine)
+    gets several chunks in one read, and their intervals read microseconds while the next reads the steps missed;
+    a median of those read 13 us for a CPU engine's step in one CI run. The span holds however they bunch."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
     stamps: list[float] = []
@@ -113,7 +118,9 @@ async def _stream(
                 stamps.append(time.perf_counter())
                 if stepping is not None and len(stamps) == 3:
                     stepping.set()
-    return [b - a for a, b in itertools.pairwise(stamps)]
+    if len(stamps) < 2:
+        return None
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
 async def _model(client: httpx.AsyncClient, url: str) -> str:
@@ -152,7 +159,7 @@ async def measure_engine(
         levels = []
         for batch in batches:
             before = await read_spec_counters(client, url)
-            intervals: list[float] = []
+            steps: list[float] = []  # each stream's mean step
             ran = batch  # requests the engine ran at once: fewer than asked where its max_num_seqs holds the rest
             for _ in range(rounds):
                 stepping = asyncio.Event()
@@ -164,17 +171,17 @@ async def measure_engine(
                 finally:
                     stepping.set()
                     seen = await sample
-                intervals += [gap for run in runs for gap in run]
+                steps += [run for run in runs if run is not None]
                 if seen is not None and seen[1] > 0 and 1 <= seen[0] < batch:
                     ran = min(ran, round(seen[0]))
-            if not intervals:
+            if not steps:
                 raise StepCostError(f"{url}: no stream gave two content chunks (tokens={tokens})")
             after = await read_spec_counters(client, url)
             acceptance = None
             if before is not None and after is not None and after.draft_tokens > before.draft_tokens:
                 drafted = after.draft_tokens - before.draft_tokens
                 acceptance = (after.accepted_tokens - before.accepted_tokens) / drafted
-            levels.append((batch, ran if ran < batch else 0, statistics.median(intervals), acceptance))
+            levels.append((batch, ran if ran < batch else 0, statistics.median(steps), acceptance))
         k = _k(first, await read_spec_counters(client, url))
     return [StepPoint(url, k, batch, step, acceptance, ran) for batch, ran, step, acceptance in levels]
 
@@ -265,7 +272,7 @@ def measure(
 
 def report(result: StepCostResult, console: Console) -> None:
     plain = {p.batch: p.step_s for p in result.points if p.k == 0}
-    table = Table(title="specgate bench step-cost: median interval between a stream's chunks (one a step)")
+    table = Table(title="specgate bench step-cost: median over streams of the mean interval between chunks")
     for name in ("engine", "k", "B", "step ms", "x plain", "fit x plain", "accepted/drafted"):
         table.add_column(name, justify="left" if name == "engine" else "right")
     model = result.fit

@@ -45,7 +45,8 @@ class RequestFeatures:
     prompts: int = 1  # prompts of a /v1/completions batch: each generates n sequences
     # (acceptance rate, output tokens) known in advance: set only by the simulator's perfect-predictor
     # reference (backends/emulator), never from a request; the model then predicts from these, not estimates
-    known: tuple[float, int] | None = None
+    # (a part None: that part is estimated as for any request, so a bound can know one and not the other)
+    known: tuple[float | None, int | None] | None = None
     content: Content | None = None  # what the request's text says, for the per-request predictor (adaptive)
     # the prompt's chained block values (gateway/prefix_index.py), read only while the prefix index is on
     blocks: tuple[int, ...] = ()
@@ -59,7 +60,7 @@ class RequestFeatures:
         self, model: str, max_tokens: int, prompt_tokens: int, task: str, stream: bool, n: int,
         temperature: float | None, headers: Mapping[str, str], draw: float = 0.5, copy: bool = False,
         template: str | None = None, objective: str | None = None, slo_ttft_ms: float | None = None,
-        slo_e2e_ms: float | None = None, prompts: int = 1, known: tuple[float, int] | None = None,
+        slo_e2e_ms: float | None = None, prompts: int = 1, known: tuple[float | None, int | None] | None = None,
         content: Content | None = None, blocks: tuple[int, ...] = (), session: str | None = None,
         prefix_bytes: int = 0, cached_tokens: Mapping[str, int] | None = None,
     ) -> None:  # fmt: skip

@@ -19,7 +19,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from backends.emulator.scenarios import LOAD_SHARES, SCENARIOS
+from backends.emulator.simulate import ACCEPTANCE, BOTH, LENGTH, PERFECT_KNOWS
 from backends.emulator.telemetry import FULL, TELEMETRY
+
+KNOWN = {ACCEPTANCE: "acceptance", LENGTH: "output length"}
 
 if TYPE_CHECKING:
     from backends.emulator.profiles import Profile
@@ -91,6 +94,13 @@ def register_simulate(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
              "only through the engines' stats, a scrape late; perfect-predictor sees the engines as they are)",
     )  # fmt: skip
     parser.add_argument("--scrape-interval", type=float, default=1.0, help="seconds between engine-stat scrapes")
+    parser.add_argument(
+        "--perfect-knows", choices=PERFECT_KNOWS, default=BOTH,
+        help="what the perfect-predictor bound is fed: both (each request's true acceptance and output length, "
+             "the default), acceptance or length (that truth alone, the other estimated as the adaptive gateway "
+             "estimates it): splits the learned policy's distance from the bound into what each prediction's "
+             "error costs",
+    )  # fmt: skip
     parser.add_argument(
         "--telemetry", choices=list(TELEMETRY), default=FULL.name,
         help="what the gateway learns from: full (usage on every stream, the speculative engine with "
@@ -211,7 +221,7 @@ def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
     if not adaptive.uses_fastest:
         console.print("specgate simulate: the adaptive rules route nothing to `fastest`; it runs as a fixed policy")
     options = Options(args.duration, args.warmup, args.replicas, args.scrape_interval, args.gateways,
-                      TELEMETRY[args.telemetry])  # fmt: skip
+                      TELEMETRY[args.telemetry], args.perfect_knows)  # fmt: skip
     seeds = tuple(range(args.seed, args.seed + args.seeds))
     policies = PolicySet(reference, adaptive)
 
@@ -258,6 +268,12 @@ def _show(
     levels, runs = by_seed(plan, results)
     console.print(levels_table(name, capacity, levels))
     console.print(ratios_table(name, levels))
+    if plan.options.perfect_knows != BOTH:
+        console.print(
+            f"perfect-predictor here knows each request's {KNOWN[plan.options.perfect_knows]} only (--perfect-knows "
+            f"{plan.options.perfect_knows}), the rest estimated as the adaptive gateway estimates it: its gap to "
+            "warm is what that truth alone is worth; the targets below are judged against it"
+        )  # fmt: skip
     if plan.scenarios:
         console.print(scenarios_table(name, runs))
     targets = check_targets(levels, runs if plan.scenarios else ())
@@ -271,6 +287,7 @@ def _show(
         "capacity_qps": capacity,
         "seeds": list(plan.seeds),
         "telemetry": plan.options.telemetry.name,
+        "perfect_knows": plan.options.perfect_knows,
         "levels": [[dataclasses.asdict(level) for level in seed] for seed in levels],
         "scenarios": [[dataclasses.asdict(run) for run in seed] for seed in runs],
         "targets": [dataclasses.asdict(target) for target in targets],

@@ -29,6 +29,7 @@ from backends.emulator.simulate import (
     ADAPTIVE_WARM,
     ALWAYS_SPECULATIVE,
     ALWAYS_STANDARD,
+    BOTH,
     MYOPIC,
     Arrival,
     PolicySet,
@@ -50,6 +51,7 @@ class Options:
     scrape_interval_s: float = 1.0
     gateways: int = 1
     telemetry: Telemetry = FULL
+    perfect_knows: str = BOTH  # what perfect-predictor is fed (backends/emulator/simulate.py, PERFECT_KNOWS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,7 @@ def _run(
     return run_policies(
         profile, arrivals, policies, seed, replicas=options.replicas, scrape_interval_s=options.scrape_interval_s,
         gateways=options.gateways, telemetry=options.telemetry, warm_arrivals=warm_arrivals,
+        perfect_knows=options.perfect_knows,
     )  # fmt: skip
 
 

@@ -80,6 +80,10 @@ ADAPTIVE_WARM = "adaptive-warm"
 PERFECT = "perfect-predictor"
 MYOPIC = "myopic"
 DYNAMIC_POOL = "dynamic-pool"  # one pool of twice the engines, every one speculative with vLLM's dynamic table
+# what perfect-predictor is fed (``--perfect-knows``): the truth of both, or of one (the other estimated), which
+# splits its distance from the learned policy into what each prediction's error costs
+BOTH, ACCEPTANCE, LENGTH = "both", "acceptance", "length"
+PERFECT_KNOWS = (BOTH, ACCEPTANCE, LENGTH)
 POLICIES = (ALWAYS_STANDARD, ALWAYS_SPECULATIVE, RULES, ADAPTIVE, ADAPTIVE_WARM, PERFECT, MYOPIC, DYNAMIC_POOL)
 # The single-pool baselines of session workloads, at equal hardware (session_sim.py builds them)
 PLAIN_PREFIX = "plain-prefix"  # every replica standard, prefix-aware and load-aware replica choice
@@ -193,6 +197,7 @@ class Simulation:
     learner: Learner | None = None
     myopic: bool = False  # route by the request's true completion time alone, not by decide()
     perfect: bool = False  # decide() with each request's truth in ``features.known``
+    perfect_knows: str = BOTH  # with ``perfect``: which truth (BOTH, ACCEPTANCE or LENGTH; the other estimated)
     replicas: int = 1
     scrape_interval_s: float = 1.0  # 0: every decision reads the engines as they are
     model_interval_s: float = 0.25
@@ -383,7 +388,8 @@ class Simulation:
         if not self.perfect:
             return features
         model = self._replicas[SPECULATIVE][0].engine.model
-        return dataclasses.replace(features, known=(model.effective_acceptance(arrival.acceptance), output_tokens))
+        rate = None if self.perfect_knows == LENGTH else model.effective_acceptance(arrival.acceptance)
+        return dataclasses.replace(features, known=(rate, None if self.perfect_knows == ACCEPTANCE else output_tokens))
 
     def _myopic(self, prompt_tokens: int, output_tokens: float, acceptance: float) -> _Replica:
         """The replica whose estimated completion for this request is earliest, from the exact engine state;
@@ -522,12 +528,13 @@ def run_policies(
     telemetry: Telemetry = FULL,
     include: Sequence[str] = POLICIES,
     warm_arrivals: Sequence[Arrival] | None = None,
+    perfect_knows: str = BOTH,
 ) -> dict[str, list[RequestResult]]:
     """Every policy in ``include`` on the same arrivals, each against fresh engines (and a cold learner);
     the options are :func:`simulations`'."""
     sims = simulations(
         profile, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s, gateways=gateways,
-        telemetry=telemetry, warm_arrivals=warm_arrivals,
+        telemetry=telemetry, warm_arrivals=warm_arrivals, perfect_knows=perfect_knows,
     )  # fmt: skip
     return {name: make().run(arrivals) for name, make in sims.items() if name in include}
 
@@ -542,18 +549,22 @@ def simulations(
     gateways: int = 1,
     telemetry: Telemetry = FULL,
     warm_arrivals: Sequence[Arrival] | None = None,
+    perfect_knows: str = BOTH,
 ) -> dict[str, Callable[[], Simulation]]:
     """How each policy's run is made. With ``warm_arrivals``, ``adaptive-warm`` and ``perfect-predictor``
     first learn from serving them, each on engines of its own and as it routes (without them neither runs:
-    a cold bound is no bound); ``perfect-predictor`` reads the engines at every decision."""
+    a cold bound is no bound); ``perfect-predictor`` reads the engines at every decision and is fed the truth
+    ``perfect_knows`` names (each request's acceptance and output length, or one of them, the other estimated
+    as the adaptive gateway estimates it)."""
 
     def sim(
         rules: RoutingRules, at_seed: int = seed, learner: Learner | None = None, *, myopic: bool = False,
         perfect: bool = False,
     ) -> Simulation:  # fmt: skip
         return Simulation(
-            profile, rules, at_seed, learner, myopic=myopic, perfect=perfect, replicas=replicas, gateways=gateways,
-            scrape_interval_s=0.0 if perfect else scrape_interval_s, telemetry=telemetry,
+            profile, rules, at_seed, learner, myopic=myopic, perfect=perfect, perfect_knows=perfect_knows,
+            replicas=replicas, gateways=gateways, scrape_interval_s=0.0 if perfect else scrape_interval_s,
+            telemetry=telemetry,
         )  # fmt: skip
 
     reference, adaptive = policies.reference, policies.adaptive

@@ -78,18 +78,17 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
     else:
         held = [0] * len(POOL_NAMES)
     loads = [pool_load(snapshot, name) + extra for name in POOL_NAMES]
-    known = None if features.known is None else _known(features, snapshot, model)
+    truth = features.known
+    known = None if truth is None else _known(features, snapshot, model)
     length: int | None = None  # the predictor's length deviation in steps; None: no content read
-    if known is None:
-        acceptance = 0
+    acceptance = 0
+    if truth is None or truth[0] is None or truth[1] is None:  # something to estimate (always but in the simulator)
         content = content_of(features)
         if content is not None and model.predictor is not None:
             deviation = model.predictor.estimate(content)
             acceptance = round(deviation[0] * ACCEPTANCE_STEPS)
             length = round(deviation[1] * LENGTH_STEPS)
-        asked: object = (acceptance, length)
-    else:
-        asked = known
+    asked: object = (acceptance, length) if known is None else (known, acceptance, length)
     key = (features.task, features.copy, features.template, size, features.max_tokens, asked, objective, externality,
            *loads)  # fmt: skip
     memo = model.memo
@@ -98,16 +97,18 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
         return found
     segment = segment_of(features.task, features.copy)
     template = template_key(segment, features.template)
-    if known is None:
+    output = None if known is None else known[1]
+    if output is None:
         # both pools'; the length deviation centred on the segment's (fixed per model: the memo key holds it), and
         # none where no content was read (the segment's lengths as they are)
         centred = 0.0 if length is None else model.length_deviation(segment, length / LENGTH_STEPS)
         tokens = model.expected_tokens(segment, features.max_tokens, centred)
-        shift, log_acceptance = acceptance / ACCEPTANCE_STEPS, None
     else:
-        log_acceptance, output = known
         tokens = (float(min(output, features.max_tokens)), math.inf)
-        shift = 0.0
+    log_acceptance: float | None = None
+    shift = acceptance / ACCEPTANCE_STEPS
+    if known is not None and truth is not None and truth[0] is not None:
+        log_acceptance, shift = known[0], 0.0  # None: the draft length is not known yet (the segment's stands)
     out = []
     for name, load, other_load, cached_here in zip(POOL_NAMES, loads, loads[::-1], held, strict=True):
         prediction = model.predict(
@@ -122,16 +123,20 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
     return found
 
 
-def _known(features: RequestFeatures, snapshot: Snapshot, model: LatencyModel) -> tuple[float | None, int] | None:
+def _known(
+    features: RequestFeatures, snapshot: Snapshot, model: LatencyModel
+) -> tuple[float | None, int | None] | None:  # fmt: skip
     """What is known of the request in advance (only the simulator's perfect-predictor reference knows it):
-    its log acceptance length on the speculative pool (None where the draft length is not known yet) and its
-    output tokens. The known per-token acceptance ``a`` gives ``(1 - a^(k+1)) / (1 - a)`` tokens a step, with
-    ``k`` the speculative pool's draft length as its counters tell it (drafted tokens per draft), else as the
-    largest acceptance length it reported."""
+    its log acceptance length on the speculative pool (None where the draft length is not known yet, or the
+    acceptance is not known) and its output tokens (None: not known). The known per-token acceptance ``a``
+    gives ``(1 - a^(k+1)) / (1 - a)`` tokens a step, with ``k`` the speculative pool's draft length as its
+    counters tell it (drafted tokens per draft), else as the largest acceptance length it reported."""
     known = features.known
     if known is None:
         return None
     rate, output = known
+    if rate is None:
+        return None, output
     pool = snapshot.pool(SPECULATIVE)
     k = 0  # an int, as round() and ceil() give it (mypyc keeps int and float apart)
     if pool.acceptance_rate and pool.acceptance_length:

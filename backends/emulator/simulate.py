@@ -21,7 +21,7 @@ each request's true acceptance and output length through ``RequestFeatures.known
 state at every decision; its distance from ``adaptive-warm`` is what prediction error costs) and ``myopic``
 (knows each request's truth and the engines' exact state, and picks the replica that finishes this request
 first, blind to the delay it adds to the others: a reference, not a bound; a policy that counts that delay
-beats it under load).
+beats it under load). Each policy's run is made in :mod:`backends.emulator.policies`.
 
 Sessions (:mod:`backends.emulator.session_sim`): an arrival may wait for an earlier one (``after``, the
 index of the previous turn of its session); it arrives when that one finishes plus its ``think_s``. With
@@ -51,13 +51,13 @@ import dataclasses
 import heapq
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from backends.emulator.prefix_cache import BLOCK_SIZE
 from backends.emulator.prefix_router import Candidate, prefix_choice
-from backends.emulator.profiles import Profile, with_dynamic_k
+from backends.emulator.profiles import Profile
 from backends.emulator.telemetry import FULL, Telemetry, estimated_tokens, has_usage, usage_draw
 from backends.emulator.timing import Engine, EngineRequest, StepOutcome, TimingModel, expected_tokens_per_step
 from backends.workloads.loader import WorkloadItem
@@ -70,7 +70,7 @@ from gateway.pools import LoadClock, LoadSpan, choose_replica, expected_cached
 from gateway.prefix_index import PrefixIndex
 from gateway.qps import LocalQps
 from gateway.rules import RoutingRules
-from gateway.snapshot import POOL_NAMES, SPECULATIVE, STANDARD, PoolSnapshot, Snapshot, other_pool
+from gateway.snapshot import POOL_NAMES, SPECULATIVE, PoolSnapshot, Snapshot, other_pool
 
 ALWAYS_STANDARD = "always-standard"
 ALWAYS_SPECULATIVE = "always-speculative"
@@ -134,11 +134,6 @@ class RequestResult:
     replica: int = 0  # which engine of its pool served it
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of its prompt, found in the replica's prefix cache
-
-
-def fixed_pool_rules(base: RoutingRules, pool: str) -> RoutingRules:
-    """The base rules' task cues and defaults, no rules, and ``pool`` as the default: a fixed policy."""
-    return base.model_copy(update={"rules": (), "default_pool": pool})
 
 
 @dataclass(eq=False)
@@ -506,96 +501,3 @@ class Simulation:
             ),
             None if features.cached_tokens is None else features.cached_on(result.pool),
         )  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class PolicySet:
-    """The rules each policy runs: ``reference`` for ``rules``, ``adaptive`` (with ``fastest``) for ``adaptive``."""
-
-    reference: RoutingRules
-    adaptive: RoutingRules | None = None
-
-
-def run_policies(
-    profile: Profile,
-    arrivals: Sequence[Arrival],
-    policies: PolicySet,
-    seed: int,
-    *,
-    replicas: int = 1,
-    scrape_interval_s: float = 1.0,
-    gateways: int = 1,
-    telemetry: Telemetry = FULL,
-    include: Sequence[str] = POLICIES,
-    warm_arrivals: Sequence[Arrival] | None = None,
-    perfect_knows: str = BOTH,
-) -> dict[str, list[RequestResult]]:
-    """Every policy in ``include`` on the same arrivals, each against fresh engines (and a cold learner);
-    the options are :func:`simulations`'."""
-    sims = simulations(
-        profile, policies, seed, replicas=replicas, scrape_interval_s=scrape_interval_s, gateways=gateways,
-        telemetry=telemetry, warm_arrivals=warm_arrivals, perfect_knows=perfect_knows,
-    )  # fmt: skip
-    return {name: make().run(arrivals) for name, make in sims.items() if name in include}
-
-
-def simulations(
-    profile: Profile,
-    policies: PolicySet,
-    seed: int,
-    *,
-    replicas: int = 1,
-    scrape_interval_s: float = 1.0,
-    gateways: int = 1,
-    telemetry: Telemetry = FULL,
-    warm_arrivals: Sequence[Arrival] | None = None,
-    perfect_knows: str = BOTH,
-) -> dict[str, Callable[[], Simulation]]:
-    """How each policy's run is made. With ``warm_arrivals``, ``adaptive-warm`` and ``perfect-predictor``
-    first learn from serving them, each on engines of its own and as it routes (without them neither runs:
-    a cold bound is no bound); ``perfect-predictor`` reads the engines at every decision and is fed the truth
-    ``perfect_knows`` names (each request's acceptance and output length, or one of them, the other estimated
-    as the adaptive gateway estimates it)."""
-
-    def sim(
-        rules: RoutingRules, at_seed: int = seed, learner: Learner | None = None, *, myopic: bool = False,
-        perfect: bool = False,
-    ) -> Simulation:  # fmt: skip
-        return Simulation(
-            profile, rules, at_seed, learner, myopic=myopic, perfect=perfect, perfect_knows=perfect_knows,
-            replicas=replicas, gateways=gateways, scrape_interval_s=0.0 if perfect else scrape_interval_s,
-            telemetry=telemetry,
-        )  # fmt: skip
-
-    reference, adaptive = policies.reference, policies.adaptive
-    sims: dict[str, Callable[[], Simulation]] = {
-        ALWAYS_STANDARD: lambda: sim(fixed_pool_rules(reference, STANDARD)),
-        ALWAYS_SPECULATIVE: lambda: sim(fixed_pool_rules(reference, SPECULATIVE)),
-        RULES: lambda: sim(reference),
-        MYOPIC: lambda: sim(reference, myopic=True),
-        # what users could run instead at equal hardware: no second pool, speculation turned down by batch size
-        DYNAMIC_POOL: lambda: Simulation(
-            with_dynamic_k(profile), fixed_pool_rules(reference, SPECULATIVE), seed, replicas=replicas,
-            layout={SPECULATIVE: 2 * replicas, STANDARD: 0}, scrape_interval_s=scrape_interval_s, gateways=gateways,
-            telemetry=telemetry,
-        ),
-    }
-    if adaptive is not None:
-        rate, forget, shared = (
-            adaptive.adaptive.learning_rate, adaptive.adaptive.stale_s, adaptive.adaptive.shared_device
-        )
-        sims[ADAPTIVE] = lambda: sim(adaptive, learner=Learner(rate, forget, shared))
-
-        def warm(perfect: bool = False) -> Simulation:
-            learner = Learner(rate, forget, shared)
-            sim(adaptive, seed + 1, learner, perfect=perfect).run(warm_arrivals or ())
-            return sim(adaptive, seed, learner, perfect=perfect)
-
-        if warm_arrivals is not None:
-            sims[ADAPTIVE_WARM] = warm
-            sims[PERFECT] = lambda: warm(perfect=True)
-    return sims
-
-
-def after_warmup(results: dict[str, list[RequestResult]], cutoff_s: float) -> dict[str, list[RequestResult]]:
-    return {policy: [r for r in runs if r.arrival_s >= cutoff_s] for policy, runs in results.items()}

@@ -11,9 +11,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from backends.emulator.evaluate import Level, Options, ScenarioRun, evaluate_level, evaluate_scenario
+from backends.emulator.policies import PolicySet
 from backends.emulator.profiles import Profile
 from backends.emulator.session_sim import DEFAULT_THINK_S, SessionLevel, evaluate_sessions
-from backends.emulator.simulate import PolicySet
 from backends.workloads.loader import Workload
 from backends.workloads.sessions import SessionSet
 from gateway.rules import RoutingRules

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from backends.emulator.policies import PolicySet, run_policies
 from backends.emulator.profiles import load_profile
 from backends.emulator.report import summarise
 from backends.emulator.scenarios import make_scenario_arrivals, ramp
-from backends.emulator.simulate import ADAPTIVE, RULES, PolicySet, Simulation, run_policies
+from backends.emulator.simulate import ADAPTIVE, RULES, Simulation
 from backends.workloads.loader import load_workload
 from gateway.adaptive.learner import Learner
 from gateway.adaptive.suggest import e2e_ms, render, suggest

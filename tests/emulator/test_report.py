@@ -78,8 +78,8 @@ def test_the_level_tables_fit_an_80_column_terminal_with_distinct_column_names()
 
 def test_a_progress_bar_per_profile_shows_in_a_terminal_and_nowhere_else() -> None:
     from backends.emulator.cli_simulate import progress_bars
+    from backends.emulator.policies import PolicySet
     from backends.emulator.profiles import load_profile
-    from backends.emulator.simulate import PolicySet
     from backends.emulator.sweep import Plan
     from backends.workloads.loader import load_workload
     from gateway.rules import reference_rules
@@ -100,8 +100,8 @@ def test_a_progress_bar_per_profile_shows_in_a_terminal_and_nowhere_else() -> No
 
 def test_the_figures_do_not_depend_on_how_many_workers_ran_them() -> None:
     from backends.emulator.evaluate import Options
+    from backends.emulator.policies import PolicySet
     from backends.emulator.profiles import load_profile
-    from backends.emulator.simulate import PolicySet
     from backends.emulator.sweep import Plan, by_seed, run_jobs
     from backends.workloads.loader import load_workload
     from gateway.rules import default_rules, reference_rules

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from backends.emulator.evaluate import Options
+from backends.emulator.policies import PolicySet, fixed_pool_rules, run_policies
 from backends.emulator.prefix_cache import BLOCK_SIZE
 from backends.emulator.prefix_router import Candidate, prefix_choice
 from backends.emulator.profiles import load_profile
@@ -37,11 +38,8 @@ from backends.emulator.simulate import (
     TWO_CHOICES,
     Arrival,
     Picker,
-    PolicySet,
     RequestResult,
     Simulation,
-    fixed_pool_rules,
-    run_policies,
 )
 from backends.workloads.loader import count_prompt_tokens, load_workload
 from backends.workloads.sessions import SessionSet, load_sessions

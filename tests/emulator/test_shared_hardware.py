@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from backends.emulator.policies import fixed_pool_rules
 from backends.emulator.profiles import load_profile
 from backends.emulator.report import summarise
 from backends.emulator.scenarios import make_arrivals
-from backends.emulator.simulate import Simulation, fixed_pool_rules
+from backends.emulator.simulate import Simulation
 from backends.workloads.loader import load_workload
 from gateway.adaptive.learner import Learner
 from gateway.rules import default_rules, reference_rules

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from backends.emulator.cli import register_simulate  # noqa: F401  (the CLI module imports cleanly)
+from backends.emulator.policies import PolicySet, fixed_pool_rules, run_policies, simulations
 from backends.emulator.profiles import dynamic_profile, load_profile
 from backends.emulator.report import shares_per_second, summarise
 from backends.emulator.scenarios import capacity_qps, make_arrivals, simulate_level
@@ -22,11 +23,7 @@ from backends.emulator.simulate import (
     MYOPIC,
     PERFECT,
     RULES,
-    PolicySet,
     Simulation,
-    fixed_pool_rules,
-    run_policies,
-    simulations,
 )
 from backends.emulator.timing import TimingModel
 from backends.workloads.loader import load_workload

@@ -7,9 +7,10 @@ import statistics
 
 import pytest
 
+from backends.emulator.policies import fixed_pool_rules
 from backends.emulator.profiles import load_profile
 from backends.emulator.scenarios import make_arrivals
-from backends.emulator.simulate import RequestResult, Simulation, fixed_pool_rules
+from backends.emulator.simulate import RequestResult, Simulation
 from backends.emulator.telemetry import TELEMETRY, estimated_tokens, has_usage, usage_draw
 from backends.workloads.loader import load_workload
 from gateway.adaptive.learner import Learner, Observation

@@ -90,7 +90,10 @@ def best_holder(
     eligible one holds any. With ``worth`` (:func:`request_blocks`), each replica's hit counts less that many
     blocks per request it has in flight over the least loaded, and a holder must come out ahead of choosing by
     load (a score above 0): affinity yields to load as the learned model prices them."""
-    least = min(r.inflight for r in candidates)
+    least = candidates[0].inflight  # a loop, not min(genexpr): once per pool per request
+    for replica in candidates:
+        if replica.inflight < least:
+            least = replica.inflight
     limit = affinity_limit(least)
     best, best_hit, best_score = None, 0, 0.0
     for replica in candidates:
@@ -412,10 +415,13 @@ class PoolSet:
         :func:`expected_cached` over each pool's replicas that take traffic; all 0 with the index off). Computed
         once per request with blocks, before the decision."""
         index = self.index
-        if index is None:
+        if index is None or not blocks:
             return dict.fromkeys(self.pools, 0)
-        up = {name: [r for r in pool.replicas if r.healthy and r.breaker.admits] for name, pool in self.pools.items()}
-        return expected_cached(up, blocks, read_bytes, prompt_tokens, index)
+        found: dict[str, int] = {}
+        for name, pool in self.pools.items():  # the module's expected_cached, without a dict of lists per request
+            up = [r for r in pool.replicas if r.healthy and r.breaker.admits]
+            found[name] = cached_tokens(blocks, expected_hit(up, blocks, index), read_bytes, prompt_tokens)
+        return found
 
     def expected_hits(self, blocks: Sequence[int]) -> dict[str, list[dict[str, object]]]:
         """Per pool, each replica's expected hit for ``blocks`` (explain)."""

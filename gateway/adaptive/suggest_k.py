@@ -16,6 +16,10 @@ token a step) and a speculative step ``T_K(B)`` (the speculative pool's time per
   does): ``T_0 x (1 + overhead(B))``.
 - At each batch size the ``k`` with the most tokens a second, ``E_k / T_k``, is chosen, from batch size 1 up
   to the first where ``k = 0`` wins; from there on 0 (vLLM keeps the last range's ``k`` for larger batches).
+- **k never rises with the batch size.** A bigger batch makes each draft's verification dearer and nothing
+  cheaper, so the best ``k`` can only fall as the batch grows; where the learned curves say otherwise (two
+  noisy grid points, or a bend read between them) the table keeps the smaller ``k`` it chose for a smaller
+  batch. vLLM accepts either; a table that rises would draft more exactly where drafting pays less.
   Where the pool reports no acceptance, only that switch is judged (``K`` against ``k = 0``).
 
 A pool's load is its requests (running and waiting) over its replicas; batch size ``b`` on every replica of
@@ -121,6 +125,8 @@ def suggest_k(
             best = k if spec_ms <= zero_ms else 0
         else:
             best = best_k(rate, k, std_ms, spec_ms * float(acceptance), zero_ms)
+        if chosen and best > chosen[-1]:
+            best = chosen[-1]  # k never rises with the batch size (see the module's docstring)
         row = Row(batch, spec_ms, std_ms, zero_ms, best)
         if batch == judged_from or batch & (batch - 1) == 0 or best != chosen[-1] or best == 0:
             rows.append(row)

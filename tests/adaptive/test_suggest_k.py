@@ -126,6 +126,33 @@ def test_with_the_pools_acceptance_it_picks_the_k_with_the_most_tokens_a_second_
     validate_schedule(found.table, k)
 
 
+def test_k_never_rises_with_the_batch_size_where_one_grid_point_reads_low() -> None:
+    """The speculative pool read 60 % faster at one load than its neighbours (a noisy grid point): read alone,
+    the batch sizes around it would draft more (1, 2, 3, 4, 3, 2, 1: drafting more exactly where it pays
+    less); the table keeps the k it chose for smaller batches, falls where the curve does, and stays valid."""
+    k, length = 4, 3.4
+
+    def plain(b: float) -> float:
+        return 10.0 + 0.5 * b
+
+    def step(b: float, j: int) -> float:
+        return plain(b) + j * (1.0 + 1.0 * b)
+
+    smooth = pool(lambda load: step(load, k) / length)
+    dipped = pool(lambda load: step(load, k) / length * (0.4 if load == 15 else 1.0))
+    for spec in (smooth, dipped):
+        spec["acceptance_length_mean"] = length
+    found = suggest_k(view(pool(plain), dipped), k)
+    ks = [entry[2] for entry in found.table]
+    assert ks == sorted(ks, reverse=True) and ks[-1] == 0
+    validate_schedule(found.table, k)
+    # where the smooth curve already drafts 1, the dip cannot make it draft more
+    reference = suggest_k(view(pool(plain), smooth), k)
+    first_one = next(start for start, _, chosen in reference.table if chosen == 1)
+    assert all(k_for_batch(found.table, b, k) <= 1 for b in range(first_one, found.judged_to + 1))
+    assert all(k_for_batch(found.table, b, k) == k_for_batch(reference.table, b, k) for b in range(1, first_one))
+
+
 def test_learned_on_the_emulator_each_k_is_within_one_of_the_timing_models_best() -> None:
     """A ramp from 10 % to 150 % and back (EMULATED, the shipped dev items): on every profile, at the batch sizes
     the gateway judged (at least four, from the small ones), its k is within one of the k that decodes the most

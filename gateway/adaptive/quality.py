@@ -18,6 +18,7 @@ would be leaving signal in its own features.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import math
 import random
@@ -192,8 +193,19 @@ def _content(item: Item, rules: RoutingRules, classifier: Classifier, reader: Co
 def main(argv: Sequence[str]) -> int:
     from backends.workloads.loader import load_workload  # the command's I/O, kept out of the pure part
 
-    offline = "--offline" in argv
-    paths = [Path(p) for p in argv if p != "--offline"]
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway.adaptive.quality",
+        description="How well the per-request predictor predicts acceptance on items it did not learn from.",
+    )
+    parser.add_argument("paths", nargs="*", type=Path, metavar="WORKLOAD",
+                        help="workload YAML files or directories of them (default: the shipped development split)")
+    parser.add_argument("--offline", action="store_true",
+                        help="add the offline ridge reference fitted with hindsight")  # fmt: skip
+    args = parser.parse_args(argv)
+    missing = [str(p) for p in args.paths if not p.exists()]
+    if missing:
+        parser.error(f"no such workload file or directory: {', '.join(missing)}")
+    offline, paths = args.offline, args.paths
     workload = load_workload([f for p in paths for f in (sorted(p.glob("*.yaml")) if p.is_dir() else [p])] or None)
     q = evaluate(workload.items)
     print(f"predictor quality on held-out items ({q.items_learned} learned, {q.items_asked} asked; k = 5)")

@@ -9,6 +9,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -255,3 +256,17 @@ def test_the_expected_length_counts_the_segments_mean_once(seed: int) -> None:
     student = Learner()  # another gateway replica: the centres travel with the lengths and the weights (Redis)
     student.absorb(learner.export())
     assert dict(student.model().length_centres) == pytest.approx(dict(model.length_centres))
+
+
+def test_the_quality_report_takes_paths_and_says_which_one_is_missing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:  # fmt: skip
+    with pytest.raises(SystemExit) as exited:
+        quality.main([str(tmp_path / "nowhere.yaml")])
+    assert exited.value.code == 2 and "no such workload file or directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        quality.main(["--help"])
+    assert exited.value.code == 0 and "--offline" in capsys.readouterr().out
+    family = Path(quality.__file__).resolve().parents[2] / "backends" / "workloads" / "families" / "one-prompt" / "dev"
+    assert quality.main([str(family)]) == 0
+    assert "per-token acceptance MAE" in capsys.readouterr().out

@@ -37,6 +37,7 @@ COMPILED_SUITES = (
     "tests/test_guard.py", "tests/test_limits.py", "tests/test_passthrough.py", "tests/test_responses.py",
     "tests/test_resume.py", "tests/test_breaker.py",
     "tests/emulator/test_session_sim.py::test_single_turn_figures_are_unchanged_to_the_last_digit",
+    "tests/emulator/test_simulate.py::test_the_learner_is_taught_the_load_each_request_ran_at",
 )  # fmt: skip
 
 

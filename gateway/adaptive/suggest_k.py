@@ -16,11 +16,11 @@ token a step) and a speculative step ``T_K(B)`` (the speculative pool's time per
   does): ``T_0 x (1 + overhead(B))``.
 - At each batch size the ``k`` with the most tokens a second, ``E_k / T_k``, is chosen, from batch size 1 up
   to the first where ``k = 0`` wins; from there on 0 (vLLM keeps the last range's ``k`` for larger batches).
+  Where the pool reports no acceptance, only that switch is judged (``K`` against ``k = 0``).
 - **k never rises with the batch size.** A bigger batch makes each draft's verification dearer and nothing
   cheaper, so the best ``k`` can only fall as the batch grows; where the learned curves say otherwise (two
   noisy grid points, or a bend read between them) the table keeps the smaller ``k`` it chose for a smaller
   batch. vLLM accepts either; a table that rises would draft more exactly where drafting pays less.
-  Where the pool reports no acceptance, only that switch is judged (``K`` against ``k = 0``).
 
 A pool's load is its requests (running and waiting) over its replicas; batch size ``b`` on every replica of
 a pool of ``r`` replicas is pool load ``b x r``. Only batch sizes where both pools' curves have samples are
